@@ -1,0 +1,103 @@
+"""DartConfig: the draft model's architecture and its default tree policy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from huggingface_hub.dataclasses import strict
+from transformers import PreTrainedConfig
+from transformers.modeling_rope_utils import RopeParameters
+
+
+@strict
+class DartConfig(PreTrainedConfig):
+    r"""
+    Configuration of a [`DartDraftModel`]: a one-layer Llama-style drafter that reads three hidden layers of a
+    target model and predicts `draft_length` future tokens in one forward pass.
+
+    The architecture fields follow `LlamaConfig` (the released DART drafts ship a plain Llama config, which
+    [`DartConfig.from_llama_dict`] translates). `target_hidden_size` is the target's hidden size H (the draft's
+    own `hidden_size` equals it in the released drafts). `feature_layers` are the three `output_hidden_states`
+    indices of the target (0 = embeddings, i + 1 = output of decoder layer i); `None` picks `[2, L // 2, L - 3]`
+    for an L-layer target when the draft is bound.
+
+    Tree policy defaults (overridable per `generate` call): `tree_budget` nodes below the root, built from the
+    `tree_top_k` best tokens of each of the `draft_length` levels.
+    """
+
+    model_type = "dart"
+
+    vocab_size: int = 32000
+    draft_vocab_size: int | None = None
+    hidden_size: int = 4096
+    target_hidden_size: int | None = None
+    intermediate_size: int = 11008
+    num_hidden_layers: int = 1
+    num_attention_heads: int = 32
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    hidden_act: str = "silu"
+    max_position_embeddings: int = 2048
+    initializer_range: float = 0.02
+    rms_norm_eps: float = 1e-6
+    rope_parameters: RopeParameters | dict | None = None
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    tie_word_embeddings: bool = False
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    draft_length: int = 8
+    feature_layers: list[int] | None = None
+    tree_budget: int = 60
+    tree_top_k: int = 25
+
+    def __post_init__(self, **kwargs):
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.draft_vocab_size is None:
+            self.draft_vocab_size = self.vocab_size
+        if self.target_hidden_size is None:
+            self.target_hidden_size = self.hidden_size
+        super().__post_init__(**kwargs)
+
+    def validate_architecture(self):
+        """Part of `@strict` validation: the values a draft cannot be built from."""
+        if self.draft_length < 1:
+            raise ValueError(f"draft_length must be at least 1, got {self.draft_length}.")
+        if self.draft_vocab_size > self.vocab_size:
+            raise ValueError(
+                f"draft_vocab_size ({self.draft_vocab_size}) cannot exceed the target vocabulary size "
+                f"vocab_size ({self.vocab_size})."
+            )
+        if self.feature_layers is not None and len(self.feature_layers) != 3:
+            raise ValueError(
+                f"feature_layers must name exactly three target hidden-state indices (low, mid, high), "
+                f"got {self.feature_layers}."
+            )
+        if self.num_attention_heads % self.num_key_value_heads != 0:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})."
+            )
+        if self.tree_budget < 1 or self.tree_top_k < 1:
+            raise ValueError(
+                f"tree_budget and tree_top_k must be positive, got {self.tree_budget} and {self.tree_top_k}."
+            )
+
+    @classmethod
+    def from_llama_dict(cls, config_dict: dict[str, Any]) -> DartConfig:
+        """Translate the plain Llama config of a released DART draft (`"model_type": "llama"` plus
+        `draft_length`, `draft_vocab_size` and optionally `target_hidden_size`) into a `DartConfig`."""
+        known = set(cls.__dataclass_fields__)
+        translated = {key: value for key, value in config_dict.items() if key in known}
+        for legacy in ("rope_theta", "rope_scaling"):
+            if config_dict.get(legacy) is not None:
+                translated[legacy] = config_dict[legacy]
+        translated.pop("model_type", None)
+        translated.pop("architectures", None)
+        translated.pop("transformers_version", None)
+        translated["num_hidden_layers"] = 1
+        return cls(**translated)

@@ -1,0 +1,243 @@
+"""The DART decode loop (prefill, draft, tree, verify, commit) and its routing from `target.generate`.
+
+Two entry points reach `dart_generate`, both through `generate`'s own preparation (generation config, logits
+processors, stopping criteria, cache):
+
+    target.generate(**inputs, assistant_model=draft)                      # after draft.bind(target)
+    target.generate(**inputs, custom_generate=dart_generate, dart_draft=draft)
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
+from transformers.cache_utils import DynamicSlidingWindowLayer
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from .modeling_dart import DartDraftModel
+from .tree import TopKTreePolicy, TreePolicy
+from .verify import accept_greedy, compact_cache, forward_tree
+
+
+@dataclass
+class DartStats:
+    """What one DART `generate` call did. Times are wall-clock seconds.
+
+    tau (mean acceptance length) = tokens committed by verify steps / verify steps, the bonus token included;
+    the token that follows the prompt comes from the prefill and is not counted in tau.
+    """
+
+    verify_steps: int = 0
+    new_tokens: int = 0
+    accepted_lengths: list[int] = field(default_factory=list)
+    tree_sizes: list[int] = field(default_factory=list)
+    prefill_time: float = 0.0
+    draft_time: float = 0.0
+    tree_time: float = 0.0
+    verify_time: float = 0.0
+    total_time: float = 0.0
+
+    @property
+    def tau(self) -> float:
+        return sum(self.accepted_lengths) / max(len(self.accepted_lengths), 1)
+
+
+def dart_generate(
+    model: PreTrainedModel,
+    input_ids: torch.LongTensor,
+    logits_processor: LogitsProcessorList,
+    stopping_criteria: StoppingCriteriaList,
+    generation_config: GenerationConfig,
+    synced_gpus: bool = False,
+    streamer=None,
+    dart_draft: DartDraftModel | None = None,
+    dart_streamer=None,
+    tree_policy: TreePolicy | None = None,
+    tree_budget: int | None = None,
+    tree_top_k: int | None = None,
+    **model_kwargs,
+) -> GenerateDecoderOnlyOutput | torch.LongTensor:
+    """DART tree decoding, called by `generate` as a `custom_generate` function (greedy, batch size 1).
+
+    dart_draft: a `DartDraftModel` bound to `model`.
+    dart_streamer: the user's streamer (`generate` drops `streamer` for custom functions; the router renames it).
+    tree_policy: builds each tree from the draft logits; default: the plain top-k tree with `tree_budget` nodes
+        from the `tree_top_k` best tokens per level (defaults from the draft's config).
+    """
+    draft = _checked_draft(dart_draft, model)
+    streamer = dart_streamer if dart_streamer is not None else streamer
+    _check_generation_options(input_ids, generation_config, model_kwargs)
+    config = draft.config
+    if tree_policy is None:
+        tree_policy = TopKTreePolicy(
+            budget=tree_budget if tree_budget is not None else config.tree_budget,
+            top_k=tree_top_k if tree_top_k is not None else config.tree_top_k,
+        )
+    cache = model_kwargs.get("cache")
+    if not isinstance(cache, DynamicCache) or cache.get_seq_length() > 0:
+        raise ValueError(
+            "DART tree decoding needs a fresh DynamicCache; a static cache or a cache that already holds a prefix "
+            "is not supported (drop `cache_implementation` / `past_key_values`)."
+        )
+    _check_sliding_window(cache, generation_config.max_length, getattr(tree_policy, "budget", config.tree_budget))
+
+    pad_prefix, input_ids = _strip_left_padding(input_ids, model_kwargs.get("attention_mask"))
+    if streamer is not None and dart_streamer is not None:
+        streamer.put(torch.cat([pad_prefix, input_ids], dim=-1).cpu())
+    stats = DartStats()
+    draft.stats = stats
+    feature_layers = list(config.feature_layers)
+    keep_scores = generation_config.return_dict_in_generate and generation_config.output_scores
+    keep_logits = generation_config.return_dict_in_generate and generation_config.output_logits
+    scores, raw_logits = [], []
+
+    def commit(token: int, token_scores: torch.Tensor, token_logits: torch.Tensor) -> bool:
+        """Append one token; return True when generation must stop."""
+        nonlocal input_ids
+        input_ids = torch.cat([input_ids, input_ids.new_tensor([[token]])], dim=-1)
+        stats.new_tokens += 1
+        if keep_scores:
+            scores.append(token_scores)
+        if keep_logits:
+            raw_logits.append(token_logits)
+        if streamer is not None:
+            streamer.put(input_ids.new_tensor([token]).cpu())
+        return bool(stopping_criteria(torch.cat([pad_prefix, input_ids], dim=-1), None).all())
+
+    start = time.perf_counter()
+    outputs = model(input_ids=input_ids, cache=cache, use_cache=True, output_hidden_states=feature_layers)
+    features = torch.cat([outputs.hidden_states[index] for index in feature_layers], dim=-1)
+    first_logits = outputs.logits[:, -1].to(dtype=torch.float32, copy=True)
+    first_scores = logits_processor(input_ids, first_logits)
+    stopped = commit(int(first_scores.argmax(dim=-1)), first_scores, first_logits)
+    del outputs
+    stats.prefill_time = time.perf_counter() - start
+
+    draft_cache = DynamicCache()
+    while not stopped:
+        # draft: rows for the positions the target just processed, each with the token that follows it
+        tick = time.perf_counter()
+        draft_logits = draft(features, input_ids=input_ids[:, -features.shape[1] :], cache=draft_cache).logits
+        draft_cache.crop(-(config.draft_length - 1))
+        stats.draft_time += time.perf_counter() - tick
+
+        tick = time.perf_counter()
+        tree = tree_policy(draft_logits[0], int(input_ids[0, -1]), draft.draft_to_target)
+        stats.tree_time += time.perf_counter() - tick
+
+        tick = time.perf_counter()
+        past_len = cache.get_seq_length()
+        tree_logits, tree_features = forward_tree(model, tree, cache, feature_layers)
+        acceptance = accept_greedy(tree, tree_logits, input_ids, logits_processor)
+        compact_cache(cache, past_len, acceptance.path)
+        stats.verify_time += time.perf_counter() - tick
+
+        stats.verify_steps += 1
+        stats.tree_sizes.append(len(tree))
+        stats.accepted_lengths.append(len(acceptance.tokens))
+        for token, token_scores, token_logits in zip(acceptance.tokens, acceptance.scores, acceptance.logits):
+            stopped = commit(token, token_scores, token_logits)
+            if stopped:
+                break
+        features = tree_features[acceptance.path].unsqueeze(0)
+    stats.total_time = time.perf_counter() - start
+
+    if streamer is not None:
+        streamer.end()
+    sequences = torch.cat([pad_prefix, input_ids], dim=-1)
+    if generation_config.return_dict_in_generate:
+        return GenerateDecoderOnlyOutput(
+            sequences=sequences,
+            scores=tuple(scores) if keep_scores else None,
+            logits=tuple(raw_logits) if keep_logits else None,
+            cache=cache,
+        )
+    return sequences
+
+
+def install_generate_router(target: PreTrainedModel) -> None:
+    """Replace `target.generate` on this instance with a router: an `assistant_model` that is a `DartDraftModel`
+    goes to `dart_generate` (through `generate`'s own preparation); everything else goes to `generate` unchanged."""
+    if getattr(target.generate, "_dart_router", False):
+        return
+    original_generate = target.generate
+
+    @functools.wraps(original_generate)
+    def generate(*args, assistant_model=None, **kwargs):
+        if not isinstance(assistant_model, DartDraftModel):
+            return original_generate(*args, assistant_model=assistant_model, **kwargs)
+        if kwargs.get("custom_generate") is not None:
+            raise ValueError("Pass either `assistant_model=<DART draft>` or `custom_generate=`, not both.")
+        streamer = kwargs.pop("streamer", None)
+        return original_generate(
+            *args, custom_generate=dart_generate, dart_draft=assistant_model, dart_streamer=streamer, **kwargs
+        )
+
+    generate._dart_router = True
+    target.generate = generate
+
+
+def _checked_draft(draft: DartDraftModel | None, target: PreTrainedModel) -> DartDraftModel:
+    if not isinstance(draft, DartDraftModel):
+        raise ValueError(
+            "dart_generate needs the draft: call `target.generate(..., custom_generate=dart_generate, "
+            "dart_draft=draft)` with a DartDraftModel, or `target.generate(..., assistant_model=draft)` after "
+            f"`draft.bind(target)`. Got dart_draft={type(draft).__name__}."
+        )
+    if draft.target is not target:
+        raise ValueError(
+            "This DART draft is bound to a different target model than the one generating. "
+            "Call `draft.bind(target)` for the model you generate with."
+        )
+    return draft
+
+
+def _check_generation_options(
+    input_ids: torch.Tensor, generation_config: GenerationConfig, model_kwargs: dict
+) -> None:
+    if input_ids.shape[0] != 1:
+        raise ValueError(
+            f"DART tree decoding supports batch size 1 only for now (got a batch of {input_ids.shape[0]}); "
+            "batching is not supported yet: generate one sequence per call."
+        )
+    if generation_config.num_beams != 1:
+        raise ValueError(f"DART tree decoding cannot run beam search (num_beams={generation_config.num_beams}).")
+    if generation_config.num_return_sequences != 1:
+        raise ValueError("DART tree decoding returns one sequence: set num_return_sequences=1.")
+    if generation_config.do_sample:
+        raise NotImplementedError(
+            "DART tree decoding with do_sample=True is not implemented yet; use greedy decoding (do_sample=False)."
+        )
+    if generation_config.cache_implementation not in (None, "dynamic"):
+        raise ValueError(
+            f"DART tree decoding needs a DynamicCache; cache_implementation={generation_config.cache_implementation!r} "
+            "is not supported."
+        )
+
+
+def _check_sliding_window(cache: DynamicCache, max_length: int, tree_budget: int) -> None:
+    """Sliding-window layers drop their oldest keys, which tree verification cannot undo; they are exact here as
+    long as the whole generation plus one tree fits inside the window."""
+    for layer in cache.layers:
+        if isinstance(layer, DynamicSlidingWindowLayer) and max_length + tree_budget >= layer.sliding_window:
+            raise ValueError(
+                f"The target has sliding-window attention (window {layer.sliding_window}); DART supports it only "
+                f"while max_length + tree_budget stays below the window, got {max_length} + {tree_budget}. "
+                "Lower max_new_tokens or tree_budget."
+            )
+
+
+def _strip_left_padding(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split a left-padded single sequence into (padding `[1, P]`, real tokens `[1, S - P]`)."""
+    if attention_mask is None or bool(attention_mask.all()):
+        return input_ids[:, :0], input_ids
+    num_pad = int((attention_mask[0] == 0).sum())
+    if bool(attention_mask[0, :num_pad].any()) or not bool(attention_mask[0, num_pad:].all()):
+        raise ValueError("DART tree decoding accepts left padding only: the attention_mask must be 0...0 1...1.")
+    return input_ids[:, :num_pad], input_ids[:, num_pad:]

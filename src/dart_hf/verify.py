@@ -1,0 +1,106 @@
+"""Verification of a token tree by the target: one forward pass, greedy acceptance, KV-cache compaction.
+
+Verification knows nothing of how the tree was built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import LogitsProcessorList, PreTrainedModel
+from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
+
+from .tree import Tree
+
+
+def tree_attention_mask(tree: Tree, past_len: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Additive float mask `[1, 1, N + 1, past_len + N + 1]`: every node sees the whole prefix, its ancestors and
+    itself. It must be float in the model dtype: eager attention adds a bool mask as 0/1 (silently wrong)."""
+    size = len(tree)
+    mask = torch.full((size, past_len + size), torch.finfo(dtype).min, dtype=dtype, device=device)
+    mask[:, :past_len] = 0
+    mask[:, past_len:].masked_fill_(tree.ancestor_mask().to(device), 0)
+    return mask.view(1, 1, size, past_len + size)
+
+
+@torch.no_grad()
+def forward_tree(
+    target: PreTrainedModel, tree: Tree, cache: Cache, feature_layers: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the target once over all tree nodes, appending them to `cache`.
+
+    Returns logits `[N + 1, V]` and features `[N + 1, 3H]` (the feature layers concatenated, in order).
+    """
+    device = target.device
+    past_len = cache.get_seq_length()
+    outputs = target(
+        input_ids=tree.tokens.to(device).unsqueeze(0),
+        position_ids=(tree.depths.to(device) + past_len).unsqueeze(0),
+        attention_mask=tree_attention_mask(tree, past_len, target.dtype, device),
+        cache=cache,
+        use_cache=True,
+        output_hidden_states=feature_layers,
+    )
+    features = torch.cat([outputs.hidden_states[index] for index in feature_layers], dim=-1)
+    return outputs.logits[0], features[0]
+
+
+@dataclass
+class Acceptance:
+    """The outcome of verifying one tree.
+
+    path: accepted node indices from the root (always node 0) down.
+    tokens: the committed tokens, one per path node: the tokens of path[1:], then the bonus token.
+    scores / logits: per committed token, the processed scores and raw logits `[1, V]` (float32), as vanilla
+        `generate` records them.
+    """
+
+    path: list[int]
+    tokens: list[int]
+    scores: list[torch.Tensor]
+    logits: list[torch.Tensor]
+
+
+def accept_greedy(
+    tree: Tree, logits: torch.Tensor, input_ids: torch.Tensor, logits_processor: LogitsProcessorList
+) -> Acceptance:
+    """Walk down from the root while the target's greedy choice is a child of the current node.
+
+    input_ids `[1, S]`: the committed sequence, ending with the root token. Each node's processed scores are
+    computed with exactly the prefix that vanilla decoding would have at that point, so sequence-dependent
+    logits processors (repetition penalty, ...) stay lossless.
+    """
+    children = tree.children()
+    node, prefix = 0, input_ids
+    path, tokens, scores, raw_logits = [0], [], [], []
+    while True:
+        node_logits = logits[node : node + 1].to(dtype=torch.float32, copy=True)
+        node_scores = logits_processor(prefix, node_logits)
+        token = int(node_scores.argmax(dim=-1))
+        tokens.append(token)
+        scores.append(node_scores)
+        raw_logits.append(node_logits)
+        child = children[node].get(token)
+        if child is None:
+            return Acceptance(path, tokens, scores, raw_logits)
+        path.append(child)
+        node = child
+        prefix = torch.cat([prefix, prefix.new_tensor([[token]])], dim=-1)
+
+
+def compact_cache(cache: Cache, past_len: int, path: list[int]) -> None:
+    """Keep, after the first `past_len` cached positions, only the tree nodes in `path` (increasing indices).
+
+    The accepted rows move into place in each layer's `[B, H_kv, T, D]` keys and values; the rest is cut off.
+    """
+    new_len = past_len + len(path)
+    device = cache.layers[0].keys.device
+    source = torch.tensor(path, dtype=torch.long, device=device) + past_len
+    for layer in cache.layers:
+        layer.keys[:, :, past_len:new_len] = layer.keys.index_select(2, source)
+        layer.values[:, :, past_len:new_len] = layer.values.index_select(2, source)
+        layer.keys = layer.keys[:, :, :new_len]
+        layer.values = layer.values[:, :, :new_len]
+        if isinstance(layer, DynamicSlidingWindowLayer):
+            layer.cumulative_length = new_len
