@@ -199,11 +199,6 @@ def _checked_draft(draft: DartDraftModel | None, target: PreTrainedModel) -> Dar
 def _check_generation_options(
     input_ids: torch.Tensor, generation_config: GenerationConfig, model_kwargs: dict
 ) -> None:
-    if input_ids.shape[0] != 1:
-        raise ValueError(
-            f"DART tree decoding supports batch size 1 only for now (got a batch of {input_ids.shape[0]}); "
-            "batching is not supported yet: generate one sequence per call."
-        )
     if generation_config.num_beams != 1:
         raise ValueError(f"DART tree decoding cannot run beam search (num_beams={generation_config.num_beams}).")
     if generation_config.num_return_sequences != 1:
@@ -216,6 +211,11 @@ def _check_generation_options(
         raise ValueError(
             f"DART tree decoding needs a DynamicCache; cache_implementation={generation_config.cache_implementation!r} "
             "is not supported."
+        )
+    if input_ids.shape[0] != 1:
+        raise ValueError(
+            f"DART tree decoding supports batch size 1 only for now (got a batch of {input_ids.shape[0]}); "
+            "batching is not supported yet: generate one sequence per call."
         )
 
 

@@ -106,8 +106,9 @@ class DartPreTrainedModel(PreTrainedModel):
         if isinstance(module, DartDecoderLayer):
             init.normal_(module.mask_rep, mean=0.0, std=1.0)
         if isinstance(module, DartDraftModel):
-            init.copy_(module.d2t, module.unknown_vocab_mapping(self.config))
-            init.copy_(module.t2d, module.draft_token_mask(module.unknown_vocab_mapping(self.config), self.config))
+            d2t = module.unknown_vocab_mapping(self.config)
+            init.copy_(module.d2t, d2t)
+            init.copy_(module.t2d, module.draft_token_mask(d2t, self.config))
 
 
 class DartDraftModel(DartPreTrainedModel):
@@ -128,9 +129,9 @@ class DartDraftModel(DartPreTrainedModel):
         self.norm = LlamaRMSNorm(hidden_size, eps=config.rms_norm_eps)
         self.lm_head = nn.Linear(hidden_size, config.draft_vocab_size, bias=False)
         self.rotary_emb = LlamaRotaryEmbedding(config=config)
-        unknown = self.unknown_vocab_mapping(config)
-        self.register_buffer("d2t", unknown)
-        self.register_buffer("t2d", self.draft_token_mask(unknown, config))
+        # filled by _init_weights (an unknown mapping) or by the checkpoint
+        self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
         self._bound_target: tuple[PreTrainedModel, ...] = ()
         self.stats = None
         self.post_init()
@@ -141,7 +142,7 @@ class DartDraftModel(DartPreTrainedModel):
     def unknown_vocab_mapping(config: DartConfig) -> torch.Tensor:
         """d2t for a fresh draft: identity for a full vocabulary; for a reduced one an invalid mapping (every
         draft id maps to -1) that `bind` refuses until the real mapping is loaded or set."""
-        ids = torch.arange(config.draft_vocab_size, dtype=torch.long)
+        ids = torch.arange(config.draft_vocab_size, dtype=torch.long, device="cpu")
         if config.draft_vocab_size == config.vocab_size:
             return torch.zeros_like(ids)
         return -ids - 1
@@ -149,8 +150,9 @@ class DartDraftModel(DartPreTrainedModel):
     @staticmethod
     def draft_token_mask(d2t: torch.Tensor, config: DartConfig) -> torch.Tensor:
         """t2d `[V]` bool: which target ids exist in the draft vocabulary given d2t `[V_d]`."""
-        target_ids = torch.arange(d2t.shape[0], device=d2t.device) + d2t
-        mask = torch.zeros(config.vocab_size, dtype=torch.bool, device=d2t.device)
+        d2t = d2t.cpu()
+        target_ids = torch.arange(d2t.shape[0]) + d2t
+        mask = torch.zeros(config.vocab_size, dtype=torch.bool)
         valid = (target_ids >= 0) & (target_ids < config.vocab_size)
         mask[target_ids[valid]] = True
         return mask
@@ -164,7 +166,7 @@ class DartDraftModel(DartPreTrainedModel):
             )
         d2t = ids - torch.arange(ids.shape[0], device=ids.device)
         self.d2t.copy_(d2t)
-        self.t2d.copy_(self.draft_token_mask(d2t, self.config))
+        self.t2d.copy_(self.draft_token_mask(d2t, self.config).to(self.t2d.device))
         self.check_vocab_mapping()
 
     def check_vocab_mapping(self) -> None:
@@ -185,9 +187,13 @@ class DartDraftModel(DartPreTrainedModel):
     # ----- binding to a target ------------------------------------------------------------------------------------
 
     @classmethod
-    def from_target(cls, target: PreTrainedModel, **overrides) -> "DartDraftModel":
+    def from_target(
+        cls, target: PreTrainedModel, draft_to_target_ids: torch.Tensor | None = None, **overrides
+    ) -> "DartDraftModel":
         """A fresh, untrained draft sized for `target` (hidden size, heads, vocabulary, feature layers), bound to it.
-        Keyword overrides go to `DartConfig` (for example `draft_vocab_size`, `tree_budget`)."""
+
+        Keyword overrides go to `DartConfig` (for example `draft_vocab_size`, `tree_budget`). A reduced draft
+        vocabulary needs `draft_to_target_ids` `[V_d]`: the target id of each draft id."""
         text_config = target.config.get_text_config()
         num_layers = text_config.num_hidden_layers
         fields = {
@@ -207,6 +213,8 @@ class DartDraftModel(DartPreTrainedModel):
         }
         fields.update(overrides)
         draft = cls(DartConfig(**fields)).to(device=target.device, dtype=target.dtype)
+        if draft_to_target_ids is not None:
+            draft.set_vocab_mapping(draft_to_target_ids)
         return draft.bind(target)
 
     @classmethod
@@ -222,10 +230,23 @@ class DartDraftModel(DartPreTrainedModel):
             config_dict, _ = DartConfig.get_config_dict(pretrained_model_name_or_path, **config_kwargs)
             if config_dict.get("model_type") == "llama":
                 kwargs["config"] = DartConfig.from_llama_dict(config_dict)
-        draft = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        draft = loaded[0] if isinstance(loaded, tuple) else loaded  # (model, loading_info) with output_loading_info
         if target is not None:
-            draft.bind(target)
-        return draft
+            draft.to(device=target.device).bind(target)
+        return loaded
+
+    def __getattr__(self, name: str):
+        # Transformers' own assisted decoding reads `assistant_model.generation_config` first: reaching it means the
+        # generating model was never bound to this draft, so its `generate` does not route to DART.
+        if name == "generation_config":
+            raise AttributeError(
+                "This model's `generate` was not bound to the DART draft, so Transformers tried to use the draft as a "
+                "classic assistant model. Call `draft.bind(target)` with the model you generate with (or load the "
+                "draft with `DartDraftModel.from_pretrained(path, target=target)`), then "
+                "`target.generate(..., assistant_model=draft)`."
+            )
+        return super().__getattr__(name)
 
     @property
     def target(self) -> PreTrainedModel:
@@ -362,3 +383,9 @@ def check_cache_layers(target: PreTrainedModel) -> None:
                 f"Target layer {index} uses a {type(cache_layer).__name__} cache; DART tree verification supports "
                 "full-attention and sliding-window attention layers only."
             )
+
+
+# A saved draft carries this code and an `auto_map`, so it also loads with `trust_remote_code=True` where dart-hf
+# is not installed.
+DartConfig.register_for_auto_class()
+DartDraftModel.register_for_auto_class("AutoModel")

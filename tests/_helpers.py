@@ -1,0 +1,69 @@
+"""Tiny random targets and test drafts shared by the test modules."""
+
+from __future__ import annotations
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    MistralConfig,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen3Config,
+)
+
+from dart_hf import DartDraftModel
+from dart_hf.modeling_dart import DartDraftOutput
+
+VOCAB_SIZE = 128
+CONFIG_CLASSES = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config, "mistral": MistralConfig}
+
+
+def tiny_target(
+    arch: str = "llama", dtype: torch.dtype = torch.float32, attn: str = "sdpa", seed: int = 0, **overrides
+) -> PreTrainedModel:
+    """A 6-layer random causal LM of the given architecture (no EOS, so it always runs to max_new_tokens)."""
+    fields = dict(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=0,
+    )
+    fields.update(overrides)
+    config = CONFIG_CLASSES[arch](**fields)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=dtype)
+    return model.eval()
+
+
+def prompts(count: int, seed: int = 0, min_len: int = 3, max_len: int = 20) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(min_len, max_len + 1, (count,), generator=generator)
+    return [torch.randint(1, VOCAB_SIZE, (1, int(n)), generator=generator) for n in lengths]
+
+
+class OracleDraft(DartDraftModel):
+    """A draft that knows the true continuation: levels < `correct_levels` put it first, the other levels put it
+    last (so it can never be in the tree there). Every step then accepts exactly `correct_levels` drafted tokens
+    plus the bonus token. The real draft forward still runs, so the draft cache is exercised as in real use."""
+
+    def set_reference(self, sequence: torch.Tensor, correct_levels: int) -> None:
+        self.reference = sequence[0].tolist()
+        self.correct_levels = correct_levels
+
+    def forward(self, target_hidden_states, input_ids=None, cache=None, **kwargs) -> DartDraftOutput:
+        past_len = cache.get_seq_length() if cache is not None else 0
+        output = super().forward(target_hidden_states, input_ids=input_ids, cache=cache, **kwargs)
+        last_real_position = past_len + target_hidden_states.shape[1] - 1
+        logits = torch.randn_like(output.logits)
+        for level in range(logits.shape[1]):
+            position = last_real_position + 2 + level
+            token = self.reference[position] if position < len(self.reference) else 0
+            logits[0, level, token] = 50.0 if level < self.correct_levels else -50.0
+        return DartDraftOutput(logits=logits, cache=output.cache)

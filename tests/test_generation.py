@@ -1,0 +1,206 @@
+"""Greedy losslessness of DART tree decoding against vanilla `generate`, stats, and generate() options."""
+
+import pytest
+import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
+
+from _helpers import OracleDraft, prompts, tiny_target
+from dart_hf import DartDraftModel, dart_generate
+
+NEW_TOKENS = 64
+
+
+def vanilla(target, prompt, **kwargs):
+    return target.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, **kwargs)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_untrained_draft_is_lossless(arch, dtype, attn):
+    target = tiny_target(arch, dtype=dtype, attn=attn)
+    draft = DartDraftModel.from_target(target)
+    for prompt in prompts(4, seed=1):
+        expected = vanilla(target, prompt)
+        got = target.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, assistant_model=draft)
+        assert torch.equal(got, expected)
+        assert draft.stats.new_tokens == NEW_TOKENS
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("correct_levels", [3, 8])
+def test_oracle_draft_is_lossless_and_tau_is_exact(arch, dtype, attn, correct_levels):
+    target = tiny_target(arch, dtype=dtype, attn=attn, seed=2)
+    draft = OracleDraft.from_target(target)
+    for prompt in prompts(3, seed=3):
+        expected = vanilla(target, prompt)
+        # the oracle also knows the tokens past max_new_tokens, so the last step is as exact as the others
+        longer = target.generate(prompt, max_new_tokens=NEW_TOKENS + 8, do_sample=False)
+        draft.set_reference(longer, correct_levels)
+        got = target.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, assistant_model=draft)
+        assert torch.equal(got, expected)
+        stats = draft.stats
+        # every step accepts `correct_levels` drafted tokens plus the bonus token (the last may be cut by max length)
+        assert stats.accepted_lengths == [correct_levels + 1] * stats.verify_steps
+        assert stats.verify_steps == -(-(NEW_TOKENS - 1) // (correct_levels + 1))
+        assert stats.tau == correct_levels + 1
+
+
+def test_custom_generate_entry_point_matches_assistant_model():
+    target = tiny_target("qwen3")
+    draft = DartDraftModel.from_target(target)
+    prompt = prompts(1, seed=4)[0]
+    expected = vanilla(target, prompt)
+    got = target.generate(
+        prompt, max_new_tokens=NEW_TOKENS, do_sample=False, custom_generate=dart_generate, dart_draft=draft
+    )
+    assert torch.equal(got, expected)
+
+
+def test_tree_options_per_call_and_stats_times():
+    target = tiny_target("llama")
+    draft = DartDraftModel.from_target(target)
+    prompt = prompts(1, seed=5)[0]
+    expected = vanilla(target, prompt)
+    for budget, top_k in [(1, 1), (8, 2), (120, 40)]:
+        got = target.generate(
+            prompt, max_new_tokens=NEW_TOKENS, assistant_model=draft, tree_budget=budget, tree_top_k=top_k
+        )
+        assert torch.equal(got, expected)
+        assert max(draft.stats.tree_sizes) <= budget + 1
+    stats = draft.stats
+    assert stats.draft_time > 0 and stats.tree_time > 0 and stats.verify_time > 0
+    assert stats.total_time >= stats.draft_time + stats.tree_time + stats.verify_time
+
+
+def test_eos_list_max_length_and_logits_processor():
+    target = tiny_target("llama", seed=6)
+    draft = DartDraftModel.from_target(target)
+    prompt = prompts(1, seed=6)[0]
+    free_run = vanilla(target, prompt)[0, prompt.shape[1] :].tolist()
+    eos = [free_run[10], free_run[20]]
+    kwargs_list = [
+        dict(max_new_tokens=NEW_TOKENS, eos_token_id=eos, pad_token_id=0),
+        dict(max_new_tokens=NEW_TOKENS, eos_token_id=free_run[5], pad_token_id=0),
+        dict(max_length=prompt.shape[1] + 17),
+        dict(max_new_tokens=NEW_TOKENS, repetition_penalty=1.3, no_repeat_ngram_size=2),
+        dict(max_new_tokens=NEW_TOKENS, min_new_tokens=30, eos_token_id=free_run[5], pad_token_id=0),
+    ]
+    for kwargs in kwargs_list:
+        expected = target.generate(prompt, do_sample=False, **kwargs)
+        got = target.generate(prompt, do_sample=False, assistant_model=draft, **kwargs)
+        assert torch.equal(got, expected), kwargs
+
+
+def test_custom_stopping_criteria():
+    class StopAfterToken(StoppingCriteria):
+        def __init__(self, token):
+            self.token = token
+
+        def __call__(self, input_ids, scores, **kwargs):
+            return input_ids[:, -1] == self.token
+
+    target = tiny_target("qwen2", seed=7)
+    draft = DartDraftModel.from_target(target)
+    prompt = prompts(1, seed=7)[0]
+    stop_token = vanilla(target, prompt)[0, prompt.shape[1] + 12].item()
+    criteria = StoppingCriteriaList([StopAfterToken(stop_token)])
+    expected = vanilla(target, prompt, stopping_criteria=criteria)
+    got = target.generate(
+        prompt, max_new_tokens=NEW_TOKENS, stopping_criteria=criteria, assistant_model=draft
+    )
+    assert torch.equal(got, expected)
+
+
+def test_return_dict_scores_and_logits_match_vanilla():
+    target = tiny_target("llama", dtype=torch.float64, seed=8)
+    draft = DartDraftModel.from_target(target)
+    prompt = prompts(1, seed=8)[0]
+    kwargs = dict(
+        max_new_tokens=20, do_sample=False, return_dict_in_generate=True, output_scores=True, output_logits=True
+    )
+    expected = target.generate(prompt, **kwargs)
+    got = target.generate(prompt, assistant_model=draft, **kwargs)
+    assert torch.equal(got.sequences, expected.sequences)
+    assert len(got.scores) == len(expected.scores) == 20
+    for ours, theirs in zip(got.scores + got.logits, expected.scores + expected.logits):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
+
+
+def test_streamer_receives_prompt_then_each_token_once():
+    class Recorder:
+        def __init__(self):
+            self.chunks, self.ended = [], False
+
+        def put(self, value):
+            self.chunks.append(value.tolist())
+
+        def end(self):
+            self.ended = True
+
+    target = tiny_target("llama", seed=9)
+    draft = DartDraftModel.from_target(target)
+    prompt = prompts(1, seed=9)[0]
+    reference, ours = Recorder(), Recorder()
+    expected = vanilla(target, prompt, streamer=reference)
+    got = target.generate(prompt, max_new_tokens=NEW_TOKENS, assistant_model=draft, streamer=ours)
+    assert torch.equal(got, expected)
+    assert ours.chunks == reference.chunks and ours.ended
+
+
+def test_left_padded_single_sequence():
+    target = tiny_target("llama", dtype=torch.float64, seed=10)
+    draft = DartDraftModel.from_target(target)
+    prompt = prompts(1, seed=10)[0]
+    padded = torch.cat([torch.zeros(1, 4, dtype=torch.long), prompt], dim=-1)
+    mask = torch.cat([torch.zeros(1, 4, dtype=torch.long), torch.ones_like(prompt)], dim=-1)
+    expected = target.generate(padded, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False)
+    got = target.generate(padded, attention_mask=mask, max_new_tokens=NEW_TOKENS, assistant_model=draft)
+    assert torch.equal(got, expected)
+
+
+def test_other_assistants_still_reach_transformers():
+    target = tiny_target("llama", seed=11)
+    DartDraftModel.from_target(target)  # installs the router
+    prompt = prompts(1, seed=11)[0]
+    expected = vanilla(target, prompt)
+    got = target.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, prompt_lookup_num_tokens=3)
+    assert torch.equal(got, expected)
+
+
+def test_bad_generate_inputs_get_clear_errors():
+    target = tiny_target("llama", seed=12)
+    draft = DartDraftModel.from_target(target)
+    prompt = prompts(1, seed=12)[0]
+    with pytest.raises(ValueError, match="batch size 1 only.*batching is not supported yet"):
+        target.generate(prompt.repeat(2, 1), max_new_tokens=4, assistant_model=draft)
+    with pytest.raises(ValueError, match="beam search"):
+        target.generate(prompt, max_new_tokens=4, num_beams=2, assistant_model=draft)
+    with pytest.raises(ValueError, match="static"):
+        target.generate(prompt, max_new_tokens=4, cache_implementation="static", assistant_model=draft)
+    with pytest.raises(NotImplementedError, match="do_sample"):
+        target.generate(prompt, max_new_tokens=4, do_sample=True, assistant_model=draft)
+    with pytest.raises(ValueError, match="needs the draft"):
+        target.generate(prompt, max_new_tokens=4, custom_generate=dart_generate)
+    other_target = tiny_target("llama", seed=13)
+    with pytest.raises(ValueError, match="different target"):
+        other_target.generate(prompt, max_new_tokens=4, custom_generate=dart_generate, dart_draft=draft)
+
+
+def test_unbound_draft_is_refused():
+    target = tiny_target("llama", seed=14)
+    draft = DartDraftModel(DartDraftModel.from_target(target).config)
+    prompt = prompts(1, seed=14)[0]
+    with pytest.raises(RuntimeError, match="not bound to a target"):
+        tiny_target("llama", seed=14).generate(
+            prompt, max_new_tokens=4, custom_generate=dart_generate, dart_draft=draft
+        )
+
+
+def test_generate_with_a_target_that_was_never_bound():
+    target = tiny_target("llama", seed=15)
+    draft = DartDraftModel(DartDraftModel.from_target(tiny_target("llama", seed=16)).config)
+    with pytest.raises(AttributeError, match="not bound to the DART draft.*draft.bind\\(target\\)"):
+        target.generate(prompts(1, seed=15)[0], max_new_tokens=4, assistant_model=draft)

@@ -1,0 +1,169 @@
+"""DartConfig / DartDraftModel: released checkpoint layout, save/load, Auto classes, binding checks, forward."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from transformers import AutoConfig, AutoModel, DynamicCache, Gemma3TextConfig, AutoModelForCausalLM
+
+from _helpers import VOCAB_SIZE, prompts, tiny_target
+from dart_hf import DartConfig, DartDraftModel
+
+H, HEADS, KV_HEADS, HEAD_DIM, INTER, DRAFT_VOCAB = 32, 4, 2, 8, 64, 64
+
+
+def released_state_dict(draft_vocab: int = DRAFT_VOCAB) -> dict[str, torch.Tensor]:
+    """A state dict with the exact names and shapes of the released DART drafts (plus the embedding they may hold)."""
+    d2t = torch.arange(draft_vocab) * (VOCAB_SIZE // draft_vocab)
+    d2t = d2t - torch.arange(draft_vocab)
+    t2d = torch.zeros(VOCAB_SIZE, dtype=torch.bool)
+    t2d[torch.arange(draft_vocab) + d2t] = True
+    shapes = {
+        "fc.weight": (H, 3 * H),
+        "midlayer.self_attn.q_proj.weight": (HEADS * HEAD_DIM, 2 * H),
+        "midlayer.self_attn.k_proj.weight": (KV_HEADS * HEAD_DIM, 2 * H),
+        "midlayer.self_attn.v_proj.weight": (KV_HEADS * HEAD_DIM, 2 * H),
+        "midlayer.self_attn.o_proj.weight": (H, HEADS * HEAD_DIM),
+        "midlayer.mlp.gate_proj.weight": (INTER, H),
+        "midlayer.mlp.up_proj.weight": (INTER, H),
+        "midlayer.mlp.down_proj.weight": (H, INTER),
+        "midlayer.input_layernorm.weight": (H,),
+        "midlayer.hidden_norm.weight": (H,),
+        "midlayer.post_attention_layernorm.weight": (H,),
+        "midlayer.mask_rep": (2 * H,),
+        "norm.weight": (H,),
+        "lm_head.weight": (draft_vocab, H),
+        "embed_tokens.weight": (VOCAB_SIZE, H),
+    }
+    generator = torch.Generator().manual_seed(0)
+    tensors = {name: torch.randn(shape, generator=generator) for name, shape in shapes.items()}
+    tensors["d2t"], tensors["t2d"] = d2t, t2d
+    return tensors
+
+
+def write_released_checkpoint(folder, tensors) -> None:
+    config = {
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": H, "intermediate_size": INTER,
+        "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "head_dim": HEAD_DIM, "num_hidden_layers": 1,
+        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "vocab_size": VOCAB_SIZE, "draft_vocab_size": DRAFT_VOCAB,
+        "draft_length": 8, "target_hidden_size": H, "max_position_embeddings": 1024, "torch_dtype": "float32",
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    save_file(tensors, str(folder / "model.safetensors"))
+
+
+def test_released_checkpoint_loads_unchanged(tmp_path):
+    tensors = released_state_dict()
+    write_released_checkpoint(tmp_path, tensors)
+    target = tiny_target("qwen3")
+    draft, info = DartDraftModel.from_pretrained(tmp_path, target=target, output_loading_info=True)
+    assert info["missing_keys"] == set() or not info["missing_keys"]
+    assert set(info["unexpected_keys"]) <= {"embed_tokens.weight"}
+    assert isinstance(draft.config, DartConfig) and draft.config.draft_vocab_size == DRAFT_VOCAB
+    state = draft.state_dict()
+    for name, value in tensors.items():
+        if name != "embed_tokens.weight":
+            assert torch.equal(state[name], value), name
+    assert "embed_tokens.weight" not in state
+    assert draft.config.feature_layers == [2, 3, 3]  # chosen at bind: [2, L // 2, L - 3] for the 6-layer target
+    got = target.generate(prompts(1)[0], max_new_tokens=32, assistant_model=draft)
+    assert torch.equal(got, target.generate(prompts(1)[0], max_new_tokens=32, do_sample=False))
+
+
+def test_save_pretrained_round_trip_and_auto_classes(tmp_path):
+    target = tiny_target("llama")
+    draft = DartDraftModel.from_target(
+        target, draft_vocab_size=DRAFT_VOCAB, draft_to_target_ids=torch.arange(DRAFT_VOCAB) * 2
+    )
+    draft.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["model_type"] == "dart" and "auto_map" in saved
+    from safetensors import safe_open
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as handle:
+        assert not any("embed" in key for key in handle.keys())  # the target's embedding is never saved
+
+    for loaded in (DartDraftModel.from_pretrained(tmp_path, target=target), AutoModel.from_pretrained(tmp_path)):
+        assert isinstance(loaded, DartDraftModel)
+        for (name, ours), (_, theirs) in zip(draft.state_dict().items(), loaded.state_dict().items()):
+            assert torch.equal(ours, theirs), name
+    assert isinstance(AutoConfig.from_pretrained(tmp_path), DartConfig)
+
+
+def test_saved_draft_loads_with_trust_remote_code(tmp_path):
+    target = tiny_target("llama")
+    draft = DartDraftModel.from_target(target)
+    draft.save_pretrained(tmp_path / "draft")
+    expected = draft.lm_head.weight.sum().item()
+    script = (
+        "import sys, transformers\n"
+        f"model = transformers.AutoModel.from_pretrained({str(tmp_path / 'draft')!r}, trust_remote_code=True)\n"
+        "assert 'dart_hf' not in sys.modules, 'the remote code must not need the installed package'\n"
+        "print(type(model).__name__, model.lm_head.weight.sum().item())\n"
+    )
+    env = dict(os.environ, HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    name, value = result.stdout.split()[-2:]
+    assert name == "DartDraftModel" and float(value) == pytest.approx(expected, rel=1e-6)
+
+
+def test_bind_rejects_mismatched_targets():
+    draft = DartDraftModel.from_target(tiny_target("llama"))
+    with pytest.raises(ValueError, match="hidden size of 32, but the target has 48"):
+        draft.bind(tiny_target("llama", hidden_size=48))
+    with pytest.raises(ValueError, match=f"vocabulary size of {VOCAB_SIZE}, but the target has 256"):
+        draft.bind(tiny_target("llama", vocab_size=256))
+    with pytest.raises(ValueError, match="only 2 layers"):
+        draft.bind(tiny_target("llama", num_hidden_layers=2))
+
+
+def test_unknown_reduced_vocabulary_mapping_is_refused():
+    target = tiny_target("llama")
+    with pytest.raises(ValueError, match="vocabulary mapping \\(d2t\\) is unknown"):
+        DartDraftModel.from_target(target, draft_vocab_size=DRAFT_VOCAB)
+    config = DartDraftModel.from_target(target).config.to_dict()
+    draft = DartDraftModel(DartConfig(**{**config, "draft_vocab_size": DRAFT_VOCAB}))
+    with pytest.raises(ValueError, match="one entry per draft token"):
+        draft.set_vocab_mapping(torch.arange(3))
+    with pytest.raises(ValueError, match="one-to-one"):
+        draft.set_vocab_mapping(torch.zeros(DRAFT_VOCAB, dtype=torch.long))
+    draft.set_vocab_mapping(torch.arange(DRAFT_VOCAB) + 10)
+    draft.bind(target)
+    assert draft.draft_to_target(torch.tensor([0, 5])).tolist() == [10, 15]
+    assert int(draft.t2d.sum()) == DRAFT_VOCAB and bool(draft.t2d[10]) and not bool(draft.t2d[9])
+
+
+def test_forward_shapes_and_incremental_cache_matches_one_pass():
+    target = tiny_target("llama", dtype=torch.float64)
+    draft = DartDraftModel.from_target(target)
+    generator = torch.Generator().manual_seed(0)
+    features = torch.randn(1, 13, 3 * H, generator=generator, dtype=torch.float64)
+    next_ids = torch.randint(0, VOCAB_SIZE, (1, 13), generator=generator)
+    with torch.no_grad():
+        one_pass = draft(features, input_ids=next_ids).logits
+        cache = DynamicCache()
+        first = draft(features[:, :10], input_ids=next_ids[:, :10], cache=cache)
+        assert first.logits.shape == (1, 8, VOCAB_SIZE) and cache.get_seq_length() == 10 + 7
+        cache.crop(-7)
+        second = draft(features[:, 10:], input_ids=next_ids[:, 10:], cache=cache).logits
+    torch.testing.assert_close(second, one_pass, rtol=0, atol=1e-10)
+
+
+def test_sliding_window_targets_are_exact_inside_the_window_and_refused_beyond():
+    fields = dict(
+        vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=64, num_hidden_layers=6, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=16, max_position_embeddings=1024, eos_token_id=None, bos_token_id=None,
+        pad_token_id=0, sliding_window=256,
+    )
+    torch.manual_seed(0)
+    target = AutoModelForCausalLM.from_config(Gemma3TextConfig(**fields), dtype=torch.float64).eval()
+    draft = DartDraftModel.from_target(target)
+    for prompt in prompts(2, seed=21):
+        expected = target.generate(prompt, max_new_tokens=64, do_sample=False)
+        assert torch.equal(target.generate(prompt, max_new_tokens=64, assistant_model=draft), expected)
+    with pytest.raises(ValueError, match="sliding-window attention \\(window 256\\)"):
+        target.generate(prompts(1)[0], max_new_tokens=200, assistant_model=draft)
