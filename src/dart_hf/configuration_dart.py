@@ -21,8 +21,13 @@ class DartConfig(PreTrainedConfig):
     indices of the target (0 = embeddings, i + 1 = output of decoder layer i); `None` picks `[2, L // 2, L - 3]`
     for an L-layer target when the draft is bound.
 
-    Tree policy defaults (overridable per `generate` call): `tree_budget` nodes below the root, built from the
-    `tree_top_k` best tokens of each of the `draft_length` levels.
+    Tree policy defaults (saved with the draft, overridable per `generate` call with `tree_options={...}` using
+    the names without the `tree_` prefix): `tree_policy` is "beam" (DART's continuity-aware beam search, SPEC
+    section 4, with the reference defaults below) or "topk" (the plain per-level top-k tree); `tree_budget` nodes
+    below the root; `tree_top_k` tokens per level; `tree_beam_width` beams; level weight
+    `(l + 1) ** -tree_level_decay`; logit weight `tree_logit_decay ** l`; N-gram weight `tree_ngram_weight`;
+    `tree_ngram_at_root` scores level 0 with the N-gram too (paper variant); `tree_full_softmax` normalises the
+    draft probabilities over the whole vocabulary instead of the top-k (paper variant).
     """
 
     model_type = "dart"
@@ -49,8 +54,15 @@ class DartConfig(PreTrainedConfig):
     eos_token_id: int | list[int] | None = None
     draft_length: int = 8
     feature_layers: list[int] | None = None
+    tree_policy: str = "beam"
     tree_budget: int = 60
     tree_top_k: int = 25
+    tree_beam_width: int = 20
+    tree_level_decay: float = 0.7
+    tree_logit_decay: float = 0.9
+    tree_ngram_weight: float = 0.5
+    tree_ngram_at_root: bool = False
+    tree_full_softmax: bool = False
 
     def __post_init__(self, **kwargs):
         if self.head_dim is None:
@@ -82,6 +94,8 @@ class DartConfig(PreTrainedConfig):
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                 f"num_key_value_heads ({self.num_key_value_heads})."
             )
+        if self.tree_policy not in ("beam", "topk"):
+            raise ValueError(f"tree_policy must be 'beam' or 'topk', got {self.tree_policy!r}.")
         if self.tree_budget < 1 or self.tree_top_k < 1:
             raise ValueError(
                 f"tree_budget and tree_top_k must be positive, got {self.tree_budget} and {self.tree_top_k}."

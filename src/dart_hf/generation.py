@@ -19,7 +19,7 @@ from transformers.cache_utils import DynamicSlidingWindowLayer
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .modeling_dart import DartDraftModel
-from .tree import TopKTreePolicy, TreePolicy
+from .tree import BeamSearchTreePolicy, TopKTreePolicy, TreePolicy
 from .verify import accept_greedy, compact_cache, forward_tree
 
 
@@ -57,6 +57,7 @@ def dart_generate(
     dart_draft: DartDraftModel | None = None,
     dart_streamer=None,
     tree_policy: TreePolicy | None = None,
+    tree_options: dict | None = None,
     tree_budget: int | None = None,
     tree_top_k: int | None = None,
     **model_kwargs,
@@ -65,18 +66,18 @@ def dart_generate(
 
     dart_draft: a `DartDraftModel` bound to `model`.
     dart_streamer: the user's streamer (`generate` drops `streamer` for custom functions; the router renames it).
-    tree_policy: builds each tree from the draft logits; default: the plain top-k tree with `tree_budget` nodes
-        from the `tree_top_k` best tokens per level (defaults from the draft's config).
+    tree_policy: builds each tree from the draft logits; default: the draft config's policy (`tree_*` fields).
+    tree_options: per-call overrides of the config's tree fields, named without the `tree_` prefix
+        (`{"budget": 30, "ngram_weight": 0.3, "policy": "topk"}`); tree_budget / tree_top_k are shortcuts.
     """
     draft = _checked_draft(dart_draft, model)
     streamer = dart_streamer if dart_streamer is not None else streamer
     _check_generation_options(input_ids, generation_config, model_kwargs)
     config = draft.config
     if tree_policy is None:
-        tree_policy = TopKTreePolicy(
-            budget=tree_budget if tree_budget is not None else config.tree_budget,
-            top_k=tree_top_k if tree_top_k is not None else config.tree_top_k,
-        )
+        options = dict(tree_options or {})
+        options.update({k: v for k, v in (("budget", tree_budget), ("top_k", tree_top_k)) if v is not None})
+        tree_policy = build_tree_policy(draft, eos_token_id=generation_config.eos_token_id, **options)
     cache = model_kwargs.get("cache")
     if not isinstance(cache, DynamicCache) or cache.get_seq_length() > 0:
         raise ValueError(
@@ -126,7 +127,7 @@ def dart_generate(
         stats.draft_time += time.perf_counter() - tick
 
         tick = time.perf_counter()
-        tree = tree_policy(draft_logits[0], int(input_ids[0, -1]), draft.draft_to_target)
+        tree = tree_policy(draft_logits[0], input_ids[0], draft.draft_to_target)
         stats.tree_time += time.perf_counter() - tick
 
         tick = time.perf_counter()
@@ -157,6 +158,27 @@ def dart_generate(
             cache=cache,
         )
     return sequences
+
+
+def build_tree_policy(draft: DartDraftModel, eos_token_id: int | list[int] | None = None, **options) -> TreePolicy:
+    """The tree policy of the draft's config (`tree_*` fields), with `options` (names without `tree_`) on top.
+    eos_token_id: the ids the beam search ranks last (default: the draft config's)."""
+    fields = ("policy", "budget", "top_k", "beam_width", "level_decay", "logit_decay", "ngram_weight",
+              "ngram_at_root", "full_softmax")
+    unknown = set(options) - set(fields)
+    if unknown:
+        raise ValueError(f"Unknown tree option(s) {sorted(unknown)}; valid options: {list(fields)}.")
+    settings = {name: options.get(name, getattr(draft.config, f"tree_{name}")) for name in fields}
+    policy = settings.pop("policy")
+    if policy == "topk":
+        return TopKTreePolicy(budget=settings["budget"], top_k=settings["top_k"])
+    if policy != "beam":
+        raise ValueError(f"Unknown tree policy {policy!r}; use 'beam' or 'topk'.")
+    eos = draft.config.eos_token_id if eos_token_id is None else eos_token_id
+    if isinstance(eos, torch.Tensor):
+        eos = eos.tolist()
+    eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
+    return BeamSearchTreePolicy(ngram=draft.ngram, eos_token_ids=eos_ids, **settings)
 
 
 def install_generate_router(target: PreTrainedModel) -> None:

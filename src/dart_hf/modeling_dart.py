@@ -6,6 +6,7 @@ V target vocabulary, V_d draft vocabulary, D = draft_length - 1.
 The draft knows nothing of trees or decoding: it maps target features and next-token ids to logits.
 """
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -22,8 +23,10 @@ from transformers.models.llama.modeling_llama import (
     repeat_kv,
 )
 from transformers.utils import ModelOutput
+from transformers.utils.hub import cached_file
 
 from .configuration_dart import DartConfig
+from .ngram import NGRAM_FILENAME, NgramTable
 
 
 @dataclass
@@ -133,6 +136,7 @@ class DartDraftModel(DartPreTrainedModel):
         self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
         self._bound_target: tuple[PreTrainedModel, ...] = ()
+        self.ngram: NgramTable | None = None  # travels with the draft: saved beside the weights, loaded with them
         self.stats = None
         self.post_init()
 
@@ -218,9 +222,18 @@ class DartDraftModel(DartPreTrainedModel):
         return draft.bind(target)
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, target: PreTrainedModel | None = None, **kwargs):
-        """`PreTrainedModel.from_pretrained`, plus: accepts the plain Llama config of the released DART drafts and,
-        with `target=`, binds the loaded draft to it."""
+    def from_pretrained(
+        cls,
+        pretrained_model_name_or_path,
+        *model_args,
+        target: PreTrainedModel | None = None,
+        ngram: "NgramTable | str | os.PathLike | None" = None,
+        **kwargs,
+    ):
+        """`PreTrainedModel.from_pretrained`, plus: accepts the plain Llama config of the released DART drafts;
+        loads the N-gram table saved beside the weights (`ngram.safetensors`, local folder or Hub repo), or the one
+        given as `ngram=` (a table, a file path, or a folder / Hub repo holding `ngram.safetensors`); and, with
+        `target=`, binds the loaded draft to it."""
         if "config" not in kwargs:
             config_kwargs = {
                 key: kwargs[key]
@@ -230,8 +243,23 @@ class DartDraftModel(DartPreTrainedModel):
             config_dict, _ = DartConfig.get_config_dict(pretrained_model_name_or_path, **config_kwargs)
             if config_dict.get("model_type") == "llama":
                 kwargs["config"] = DartConfig.from_llama_dict(config_dict)
+        hub_kwargs = {
+            key: kwargs[key]
+            for key in ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder")
+            if key in kwargs
+        }
         loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
         draft = loaded[0] if isinstance(loaded, tuple) else loaded  # (model, loading_info) with output_loading_info
+        if isinstance(ngram, NgramTable):
+            draft.ngram = ngram
+        elif ngram is not None and os.path.isfile(ngram):
+            draft.ngram = NgramTable.load(ngram)
+        else:
+            source = pretrained_model_name_or_path if ngram is None else ngram
+            table_file = cached_file(source, NGRAM_FILENAME, _raise_exceptions_for_missing_entries=False, **hub_kwargs)
+            if table_file is None and ngram is not None:
+                raise ValueError(f"No {NGRAM_FILENAME} found in {ngram!r} (a folder or Hub repo was expected).")
+            draft.ngram = NgramTable.load(table_file) if table_file is not None else None
         if target is not None:
             draft.to(device=target.device).bind(target)
         return loaded
@@ -247,6 +275,13 @@ class DartDraftModel(DartPreTrainedModel):
                 "`target.generate(..., assistant_model=draft)`."
             )
         return super().__getattr__(name)
+
+    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
+        """`PreTrainedModel.save_pretrained`, plus the N-gram table (if any) as `ngram.safetensors` beside the
+        weights, so `push_to_hub` and `from_pretrained` carry it too."""
+        super().save_pretrained(save_directory, *args, **kwargs)
+        if self.ngram is not None:
+            self.ngram.save(os.path.join(save_directory, NGRAM_FILENAME))
 
     @property
     def target(self) -> PreTrainedModel:

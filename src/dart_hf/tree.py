@@ -12,7 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
+
+from .ngram import NgramTable
 
 
 @dataclass
@@ -69,10 +72,13 @@ class Tree:
 
 
 class TreePolicy(Protocol):
-    """Builds a tree below `root_token` from draft logits `[L, V_d]` (level l predicts depth l + 1)."""
+    """Builds a tree from draft logits `[L, V_d]` (level l predicts depth l + 1).
+
+    context: `[S]` the committed token ids; the last one is the root. draft_to_target maps draft ids to target ids.
+    """
 
     def __call__(
-        self, draft_logits: torch.Tensor, root_token: int, draft_to_target: Callable[[torch.Tensor], torch.Tensor]
+        self, draft_logits: torch.Tensor, context: torch.Tensor, draft_to_target: Callable[[torch.Tensor], torch.Tensor]
     ) -> Tree: ...
 
 
@@ -90,8 +96,9 @@ class TopKTreePolicy:
     top_k: int = 25
 
     def __call__(
-        self, draft_logits: torch.Tensor, root_token: int, draft_to_target: Callable[[torch.Tensor], torch.Tensor]
+        self, draft_logits: torch.Tensor, context: torch.Tensor, draft_to_target: Callable[[torch.Tensor], torch.Tensor]
     ) -> Tree:
+        root_token = int(context[-1])
         num_levels = draft_logits.shape[0]
         top_k = min(self.top_k, draft_logits.shape[-1])
         log_probs, draft_ids = torch.log_softmax(draft_logits.float(), dim=-1).topk(top_k, dim=-1)
@@ -116,3 +123,112 @@ class TopKTreePolicy:
                 heapq.heappush(heap, (-child_score, counter, node, level + 1, 0, -neg_score))
                 counter += 1
         return Tree.from_parents(tokens, parents)
+
+
+@dataclass
+class BeamSearchTreePolicy:
+    """DART's continuity-aware tree search (SPEC section 4), vectorised over beams and candidates.
+
+    Each level l offers its `top_k` draft tokens; `beam_width` beams are extended level by level and every
+    extension is a candidate node, scored by the sum over its levels of
+    `(l + 1) ** -level_decay * (logit_decay ** l * log p_draft + ngram_weight * log p_ngram)`
+    (the N-gram term skipped at level 0 unless `ngram_at_root`, and everywhere when there is no table; log 0 is
+    read as log 1e-10). The N-gram context is the last `order - 1` tokens of committed text + path. Beams that end
+    in EOS are ranked after all others and not extended. The `budget` best candidates are kept; the kept set is
+    prefix-closed (ties put parents first, and any node whose parent was not kept is replaced by the next best).
+
+    p_draft is the softmax over each level's top_k logits (reference code), or over the whole draft vocabulary
+    with `full_softmax` (paper).
+    """
+
+    budget: int = 60
+    top_k: int = 25
+    beam_width: int = 20
+    level_decay: float = 0.7
+    logit_decay: float = 0.9
+    ngram_weight: float = 0.5
+    ngram_at_root: bool = False
+    full_softmax: bool = False
+    ngram: NgramTable | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __call__(
+        self, draft_logits: torch.Tensor, context: torch.Tensor, draft_to_target: Callable[[torch.Tensor], torch.Tensor]
+    ) -> Tree:
+        logits = draft_logits.float()
+        top_k = min(self.top_k, logits.shape[-1])
+        if self.full_softmax:
+            log_probs, draft_ids = torch.log_softmax(logits, dim=-1).topk(top_k, dim=-1)
+        else:
+            top_logits, draft_ids = logits.topk(top_k, dim=-1)
+            log_probs = torch.log_softmax(top_logits, dim=-1)
+        level_tokens = draft_to_target(draft_ids).cpu().numpy()  # [L, K]
+        level_log_probs = np.maximum(log_probs.cpu().numpy().astype(np.float64), np.log(1e-10))
+        num_levels = level_tokens.shape[0]
+        context_len = self.ngram.order - 1 if self.ngram is not None else 1
+        committed = context[-context_len:].tolist()
+        start_context = np.array([[-1] * (context_len - len(committed)) + committed], dtype=np.int64)  # [1, C]
+        eos = np.array(self.eos_token_ids, dtype=np.int64)
+
+        # every candidate node, level by level: scores, parents (-1 = root), tokens, depths
+        pool_scores, pool_parents, pool_tokens, pool_depths = [], [], [], []
+        beam_nodes = np.array([-1])  # pool indices of the current beams (the root to start)
+        beam_scores = np.zeros(1)
+        beam_contexts = start_context
+        pool_size = 0
+        for level in range(num_levels):
+            weight = (level + 1) ** -self.level_decay
+            tokens = np.broadcast_to(level_tokens[level], (beam_nodes.size, top_k))
+            term = self.logit_decay**level * level_log_probs[level][None, :]
+            if self.ngram is not None and (level > 0 or self.ngram_at_root):
+                ngram_probs = self.ngram.probabilities(beam_contexts, tokens)
+                term = term + self.ngram_weight * np.log(np.maximum(ngram_probs, 1e-10))
+            scores = beam_scores[:, None] + weight * term  # [B, K]
+            pool_scores.append(scores.ravel())
+            pool_parents.append(np.repeat(beam_nodes, top_k))
+            pool_tokens.append(tokens.ravel())
+            pool_depths.append(np.full(scores.size, level + 1))
+            flat_scores, flat_tokens = scores.ravel(), tokens.ravel()
+            ends_in_eos = np.isin(flat_tokens, eos)
+            best = np.lexsort((-flat_scores, ends_in_eos))[: self.beam_width]
+            best = best[~ends_in_eos[best]]  # beams that end in EOS cannot be extended
+            if best.size == 0:
+                break
+            beam_rows = best // top_k
+            beam_nodes = pool_size + best
+            beam_scores = flat_scores[best]
+            beam_contexts = np.concatenate([beam_contexts[beam_rows, 1:], flat_tokens[best, None]], axis=1)
+            pool_size += scores.size
+
+        scores = np.concatenate(pool_scores)
+        parents = np.concatenate(pool_parents)
+        depths = np.concatenate(pool_depths)
+        tokens = np.concatenate(pool_tokens)
+        ranked = np.lexsort((depths, -scores))
+        kept = ranked[: self.budget]
+        kept_set = np.zeros(scores.size + 1, dtype=bool)  # index -1 (the root) maps to the last slot
+        kept_set[-1] = True
+        kept_set[kept] = True
+        if not kept_set[parents[kept]].all():  # a tie broke prefix closure: keep the best nodes whose parent is kept
+            kept_set[:-1] = False
+            kept = []
+            for node in ranked:
+                if kept_set[parents[node]]:
+                    kept.append(node)
+                    kept_set[node] = True
+                    if len(kept) == self.budget:
+                        break
+            kept = np.array(kept, dtype=np.int64)
+
+        kept = kept[np.lexsort((-scores[kept], depths[kept]))]  # by depth, best first within a depth
+        new_index = np.full(scores.size + 1, -1, dtype=np.int64)
+        new_index[-1] = 0
+        new_index[kept] = np.arange(1, kept.size + 1)
+        tree_tokens = np.concatenate([[int(context[-1])], tokens[kept]])
+        tree_parents = np.concatenate([[-1], new_index[parents[kept]]])
+        tree_depths = np.concatenate([[0], depths[kept]])
+        return Tree(
+            torch.from_numpy(tree_tokens.astype(np.int64)),
+            torch.from_numpy(tree_parents),
+            torch.from_numpy(tree_depths.astype(np.int64)),
+        )
