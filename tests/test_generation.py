@@ -204,3 +204,29 @@ def test_generate_with_a_target_that_was_never_bound():
     draft = DartDraftModel(DartDraftModel.from_target(tiny_target("llama", seed=16)).config)
     with pytest.raises(AttributeError, match="not bound to the DART draft.*draft.bind\\(target\\)"):
         target.generate(prompts(1, seed=15)[0], max_new_tokens=4, assistant_model=draft)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("policy", ["beam", "topk"])
+def test_ngram_pruned_trees_are_lossless(arch, policy):
+    import numpy as np
+
+    from dart_hf import NgramTable
+
+    target = tiny_target(arch, dtype=torch.float64, seed=17)
+    draft = DartDraftModel.from_target(target)
+    corpus = [vanilla(target, prompt)[0].tolist() for prompt in prompts(3, seed=18)]
+    rng = np.random.default_rng(0)
+    corpus += [rng.integers(0, 128, 40).tolist() for _ in range(50)]
+    draft.ngram = NgramTable.from_sequences(corpus, vocab_size=128, progress=False)
+    for prompt in prompts(3, seed=18) + prompts(2, seed=19):
+        expected = vanilla(target, prompt)
+        got = target.generate(prompt, max_new_tokens=NEW_TOKENS, assistant_model=draft, tree_options={"policy": policy})
+        assert torch.equal(got, expected)
+    got = target.generate(
+        prompt, max_new_tokens=NEW_TOKENS, assistant_model=draft,
+        tree_options={"budget": 20, "ngram_at_root": True, "full_softmax": True, "ngram_weight": 1.0},
+    )
+    assert torch.equal(got, expected) and max(draft.stats.tree_sizes) <= 21
+    with pytest.raises(ValueError, match="Unknown tree option"):
+        target.generate(prompt, max_new_tokens=4, assistant_model=draft, tree_options={"beam": 3})

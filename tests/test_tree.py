@@ -5,7 +5,12 @@ import itertools
 import pytest
 import torch
 
-from dart_hf.tree import TopKTreePolicy, Tree
+import math
+
+import numpy as np
+
+from dart_hf.ngram import NgramTable
+from dart_hf.tree import BeamSearchTreePolicy, TopKTreePolicy, Tree
 
 
 def random_tree(size: int, generator: torch.Generator, vocab: int = 50) -> Tree:
@@ -55,7 +60,7 @@ def test_topk_policy_keeps_the_best_scoring_nodes(seed):
     levels, vocab, top_k, budget = 4, 30, 3, 25
     logits = torch.randn(levels, vocab, generator=generator) * 3
     policy = TopKTreePolicy(budget=budget, top_k=top_k)
-    tree = policy(logits, root_token=99, draft_to_target=lambda ids: ids)
+    tree = policy(logits, torch.tensor([99]), draft_to_target=lambda ids: ids)
     assert len(tree) == budget + 1 and int(tree.tokens[0]) == 99
     log_probs = torch.log_softmax(logits, dim=-1)
     kept_scores = sorted(
@@ -73,7 +78,88 @@ def test_topk_policy_keeps_the_best_scoring_nodes(seed):
 
 def test_topk_policy_maps_draft_ids_and_respects_small_budgets():
     logits = torch.randn(8, 10)
-    tree = TopKTreePolicy(budget=8, top_k=1)(logits, root_token=0, draft_to_target=lambda ids: ids + 100)
+    tree = TopKTreePolicy(budget=8, top_k=1)(logits, torch.tensor([0]), draft_to_target=lambda ids: ids + 100)
     assert tree.depths.tolist() == list(range(9))  # top_k=1 gives the greedy chain
     assert tree.tokens[1:].tolist() == (logits.argmax(dim=-1) + 100).tolist()
-    assert len(TopKTreePolicy(budget=1, top_k=5)(logits, 0, lambda ids: ids)) == 2
+    assert len(TopKTreePolicy(budget=1, top_k=5)(logits, torch.tensor([0]), lambda ids: ids)) == 2
+
+
+def reference_beam_search(logits, context, policy: BeamSearchTreePolicy):
+    """Loop-based DART tree search straight from SPEC section 4: returns {token path: score} of the kept nodes."""
+    levels = logits.shape[0]
+    candidates = []
+    for level in range(levels):
+        values, ids = logits[level].float().topk(policy.top_k)
+        if policy.full_softmax:
+            log_probs = torch.log_softmax(logits[level].float(), dim=-1)[ids]
+        else:
+            log_probs = torch.log_softmax(values, dim=-1)
+        candidates.append([(int(i), max(float(lp), math.log(1e-10))) for i, lp in zip(ids, log_probs)])
+
+    def ngram_log_prob(path, token):
+        history = [int(t) for t in context] + list(path)
+        ctx = history[-(policy.ngram.order - 1):]
+        ctx = [-1] * (policy.ngram.order - 1 - len(ctx)) + ctx
+        p = float(policy.ngram.probabilities(np.array([ctx]), np.array([[token]]))[0, 0])
+        return math.log(max(p, 1e-10))
+
+    pool = {}
+    beams = [((), 0.0)]
+    for level in range(levels):
+        weight = (level + 1) ** -policy.level_decay
+        expanded = []
+        for path, score in beams:
+            for token, log_prob in candidates[level]:
+                term = policy.logit_decay**level * log_prob
+                if policy.ngram is not None and (level > 0 or policy.ngram_at_root):
+                    term += policy.ngram_weight * ngram_log_prob(path, token)
+                new_path = path + (token,)
+                pool[new_path] = score + weight * term
+                expanded.append((new_path, score + weight * term))
+        expanded.sort(key=lambda item: (item[0][-1] in policy.eos_token_ids, -item[1]))
+        beams = [item for item in expanded[: policy.beam_width] if item[0][-1] not in policy.eos_token_ids]
+        if not beams:
+            break
+    ranked = sorted(pool.items(), key=lambda item: (-item[1], len(item[0])))
+    kept = {}
+    for path, score in ranked:
+        if len(path) == 1 or path[:-1] in kept:
+            kept[path] = score
+        if len(kept) == policy.budget:
+            break
+    return kept
+
+
+def tree_paths(tree: Tree) -> set:
+    return {tuple(int(tree.tokens[n]) for n in tree.path_to(node)[1:]) for node in range(1, len(tree))}
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("variant", ["reference", "paper"])
+def test_beam_search_equals_loop_reference(seed, variant):
+    rng = np.random.default_rng(seed)
+    vocab = 40
+    documents = [rng.integers(0, vocab, rng.integers(5, 60)) for _ in range(300)]
+    table = NgramTable.from_sequences(documents, vocab_size=vocab, eos_token_id=3, progress=False)
+    paper = variant == "paper"
+    policy = BeamSearchTreePolicy(
+        budget=30, top_k=6, beam_width=5, ngram=table, eos_token_ids=(3,), ngram_at_root=paper, full_softmax=paper
+    )
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(8, vocab, generator=generator) * 2
+    context = torch.randint(0, vocab, (5,), generator=generator)
+    tree = policy(logits, context, lambda ids: ids)
+    expected = reference_beam_search(logits, context, policy)
+    assert len(tree) == 31 and tree_paths(tree) == set(expected)
+    assert tree.depths.tolist() == sorted(tree.depths.tolist())  # nodes ordered by depth
+    assert all(int(tree.parents[n]) < n for n in range(1, len(tree)))
+
+
+def test_beam_search_without_ngram_and_with_draft_vocab_mapping():
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(8, 20, generator=generator)
+    policy = BeamSearchTreePolicy(budget=60, top_k=25, beam_width=20)
+    tree = policy(logits, torch.tensor([1, 2]), lambda ids: ids * 2 + 1)
+    assert len(tree) == 61 and bool((tree.tokens[1:] % 2 == 1).all())
+    expected = reference_beam_search(logits, torch.tensor([1, 2]), BeamSearchTreePolicy(budget=60, top_k=20, beam_width=20))
+    assert {tuple(2 * t + 1 for t in path) for path in expected} == tree_paths(tree)

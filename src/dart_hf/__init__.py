@@ -5,10 +5,20 @@ from transformers import AutoConfig, AutoModel
 from .configuration_dart import DartConfig
 from .generation import DartStats, dart_generate
 from .modeling_dart import DartDraftModel
-from .tree import TopKTreePolicy, Tree
+from .ngram import NgramTable
+from .tree import BeamSearchTreePolicy, TopKTreePolicy, Tree
 
 AutoConfig.register("dart", DartConfig, exist_ok=True)
 AutoModel.register(DartConfig, DartDraftModel, exist_ok=True)
 
-__all__ = ["DartConfig", "DartDraftModel", "DartStats", "TopKTreePolicy", "Tree", "dart_generate"]
+__all__ = [
+    "BeamSearchTreePolicy",
+    "DartConfig",
+    "DartDraftModel",
+    "DartStats",
+    "NgramTable",
+    "TopKTreePolicy",
+    "Tree",
+    "dart_generate",
+]
 __version__ = "0.1.0"

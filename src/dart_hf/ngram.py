@@ -166,16 +166,17 @@ class NgramTable:
             context_count = self._lookup(context_len, context_key)
             full_count = self._lookup(context_len + 1, context_key[:, None] * self.vocab_size + candidates)
             hit = ~found & (full_count > 0) & valid[:, None]
-            ratio = full_count / np.maximum(context_count, 1)[:, None]
-            result[hit] = ratio[hit].astype(np.float32)
+            result[hit] = full_count[hit] / np.broadcast_to(context_count[:, None], hit.shape)[hit]
             found |= hit
+            if found.all():
+                break
         return result
 
     def _lookup(self, k: int, packed: np.ndarray) -> np.ndarray:
         keys, counts = self.keys[k - 1], self.counts[k - 1]
         if keys.shape[0] == 0:
             return np.zeros(packed.shape, dtype=np.int64)
-        index = np.searchsorted(keys, packed).clip(max=keys.shape[0] - 1)
+        index = np.minimum(np.searchsorted(keys, packed), keys.shape[0] - 1)
         return np.where(keys[index] == packed, counts[index], 0)
 
     # ----- storage ------------------------------------------------------------------------------------------------

@@ -189,7 +189,7 @@ class BeamSearchTreePolicy:
             pool_tokens.append(tokens.ravel())
             pool_depths.append(np.full(scores.size, level + 1))
             flat_scores, flat_tokens = scores.ravel(), tokens.ravel()
-            ends_in_eos = np.isin(flat_tokens, eos)
+            ends_in_eos = (flat_tokens[:, None] == eos[None, :]).any(axis=1)
             best = np.lexsort((-flat_scores, ends_in_eos))[: self.beam_width]
             best = best[~ends_in_eos[best]]  # beams that end in EOS cannot be extended
             if best.size == 0:

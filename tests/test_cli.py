@@ -1,0 +1,49 @@
+"""`dart-hf build-ngram` / `convert-trie` end to end with a tokenizer built in the test."""
+
+import json
+
+import numpy as np
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from dart_hf import NgramTable
+from dart_hf.cli import main
+from test_ngram import random_corpus, write_trie
+
+
+def make_tokenizer(folder):
+    words = ["<eos>", "the", "cat", "sat", "on", "mat", "a", "dog"]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<eos>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>")
+    tokenizer.save_pretrained(folder)
+    return tokenizer
+
+
+def test_build_ngram_from_jsonl(tmp_path):
+    tokenizer = make_tokenizer(tmp_path / "tok")
+    texts = ["the cat sat on the mat", "the dog sat on a mat", "a cat sat"]
+    (tmp_path / "data.jsonl").write_text("\n".join(json.dumps({"content": t}) for t in texts) + "\n")
+    main(["build-ngram", "--tokenizer", str(tmp_path / "tok"), str(tmp_path / "data.jsonl"), "--field", "content",
+          "--output", str(tmp_path / "ngram.safetensors")])
+    table = NgramTable.load(tmp_path / "ngram.safetensors")
+    direct = NgramTable.from_sequences(
+        [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts], vocab_size=len(tokenizer),
+        eos_token_id=tokenizer.eos_token_id, progress=False,
+    )
+    for ours, theirs in zip(table.keys + table.counts, direct.keys + direct.counts):
+        assert np.array_equal(np.asarray(ours), theirs)
+    ids = tokenizer.convert_tokens_to_ids
+    # P(sat | the cat) = 1; P(on | cat sat): "cat sat" twice, once followed by "on"
+    probs = table.probabilities(np.array([[ids("the"), ids("cat")], [ids("cat"), ids("sat")]]),
+                                np.array([[ids("sat")], [ids("on")]]))
+    assert probs[:, 0].tolist() == [1.0, 0.5]
+
+
+def test_convert_trie(tmp_path):
+    corpus = random_corpus(4)
+    write_trie(tmp_path / "small.trie", corpus, eos=11, order=3, seed=0)
+    main(["convert-trie", str(tmp_path / "small.trie"), "--vocab-size", "12", "--output", str(tmp_path / "t.safetensors")])
+    converted = NgramTable.load(tmp_path / "t.safetensors")
+    direct = NgramTable.from_sequences(corpus, vocab_size=12, eos_token_id=11, progress=False)
+    assert all(np.array_equal(np.asarray(a), b) for a, b in zip(converted.keys, direct.keys))
