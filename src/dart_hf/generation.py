@@ -72,7 +72,7 @@ def dart_generate(
     """
     draft = _checked_draft(dart_draft, model)
     streamer = dart_streamer if dart_streamer is not None else streamer
-    _check_generation_options(input_ids, generation_config, model_kwargs)
+    _check_generation_options(input_ids, generation_config)
     config = draft.config
     if tree_policy is None:
         options = dict(tree_options or {})
@@ -218,9 +218,7 @@ def _checked_draft(draft: DartDraftModel | None, target: PreTrainedModel) -> Dar
     return draft
 
 
-def _check_generation_options(
-    input_ids: torch.Tensor, generation_config: GenerationConfig, model_kwargs: dict
-) -> None:
+def _check_generation_options(input_ids: torch.Tensor, generation_config: GenerationConfig) -> None:
     if generation_config.num_beams != 1:
         raise ValueError(f"DART tree decoding cannot run beam search (num_beams={generation_config.num_beams}).")
     if generation_config.num_return_sequences != 1:

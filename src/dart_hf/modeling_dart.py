@@ -234,20 +234,15 @@ class DartDraftModel(DartPreTrainedModel):
         loads the N-gram table saved beside the weights (`ngram.safetensors`, local folder or Hub repo), or the one
         given as `ngram=` (a table, a file path, or a folder / Hub repo holding `ngram.safetensors`); and, with
         `target=`, binds the loaded draft to it."""
-        if "config" not in kwargs:
-            config_kwargs = {
-                key: kwargs[key]
-                for key in ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder")
-                if key in kwargs
-            }
-            config_dict, _ = DartConfig.get_config_dict(pretrained_model_name_or_path, **config_kwargs)
-            if config_dict.get("model_type") == "llama":
-                kwargs["config"] = DartConfig.from_llama_dict(config_dict)
         hub_kwargs = {
             key: kwargs[key]
             for key in ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder")
             if key in kwargs
         }
+        if "config" not in kwargs:
+            config_dict, _ = DartConfig.get_config_dict(pretrained_model_name_or_path, **hub_kwargs)
+            if config_dict.get("model_type") == "llama":
+                kwargs["config"] = DartConfig.from_llama_dict(config_dict)
         loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
         draft = loaded[0] if isinstance(loaded, tuple) else loaded  # (model, loading_info) with output_loading_info
         if isinstance(ngram, NgramTable):
