@@ -71,6 +71,22 @@ class Tree:
         return path[::-1]
 
 
+def top_k_per_row(logits: torch.Tensor, k: int, chunk: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """`torch.topk(logits, k)` for `[L, V]` logits, about 2x faster on a CPU for large V: take the k chunks (of
+    `chunk` columns) with the largest maxima, then the top k inside them. Exact: a chunk whose maximum is not among
+    the k largest chunk maxima has k larger values elsewhere, so it holds none of the top k."""
+    rows, vocab = logits.shape
+    if vocab < 4 * k * chunk:
+        return logits.topk(k, dim=-1)
+    padding = (-vocab) % chunk
+    padded = torch.nn.functional.pad(logits, (0, padding), value=float("-inf")) if padding else logits
+    chunks = padded.view(rows, -1, chunk)
+    best_chunks = chunks.amax(dim=-1).topk(k, dim=-1).indices  # [L, k]
+    candidates = chunks.gather(1, best_chunks[..., None].expand(-1, -1, chunk)).reshape(rows, -1)
+    values, positions = candidates.topk(k, dim=-1)
+    return values, best_chunks.gather(1, positions // chunk) * chunk + positions % chunk
+
+
 class TreePolicy(Protocol):
     """Builds a tree from draft logits `[L, V_d]` (level l predicts depth l + 1).
 
@@ -157,10 +173,10 @@ class BeamSearchTreePolicy:
     ) -> Tree:
         logits = draft_logits.float()
         top_k = min(self.top_k, logits.shape[-1])
+        top_logits, draft_ids = top_k_per_row(logits, top_k)
         if self.full_softmax:
-            log_probs, draft_ids = torch.log_softmax(logits, dim=-1).topk(top_k, dim=-1)
+            log_probs = top_logits - torch.logsumexp(logits, dim=-1, keepdim=True)
         else:
-            top_logits, draft_ids = logits.topk(top_k, dim=-1)
             log_probs = torch.log_softmax(top_logits, dim=-1)
         level_tokens = draft_to_target(draft_ids).cpu().numpy()  # [L, K]
         level_log_probs = np.maximum(log_probs.cpu().numpy().astype(np.float64), np.log(1e-10))
