@@ -50,7 +50,7 @@ def test_counts_and_probabilities_equal_brute_force(seed, order):
     for ngram, count in counts.items():
         assert int(table.count(np.array([ngram]))[0]) == count
     for k in range(1, order + 1):
-        assert len(table.keys[k - 1]) == sum(1 for g in counts if len(g) == k)
+        assert table.num_kgrams(k) == sum(1 for g in counts if len(g) == k)
     rng = np.random.default_rng(seed)
     contexts = rng.integers(-1, vocab, (60, 3))
     contexts[:, -1] = np.where(contexts[:, -1] < 0, 0, contexts[:, -1])
@@ -91,9 +91,9 @@ def test_save_load_round_trip_is_memory_mapped(tmp_path):
     table.save(path)
     assert not (tmp_path / "ngram.safetensors.tmp").exists()
     loaded = NgramTable.load(path)
-    assert not loaded.keys[2].flags.owndata and isinstance(loaded.keys[2].base, (np.memmap, __import__("mmap").mmap))
+    assert not loaded.keys.flags.owndata and isinstance(loaded.keys.base, (np.memmap, __import__("mmap").mmap))
     assert loaded.metadata["tokenizer"] == "test"
-    for ours, theirs in zip(table.keys + table.counts, loaded.keys + loaded.counts):
+    for ours, theirs in zip((table.keys, table.counts), (loaded.keys, loaded.counts)):
         assert np.array_equal(ours, theirs)
 
 
@@ -149,7 +149,7 @@ def test_trie_conversion_equals_direct_build(tmp_path, seed):
     write_trie(tmp_path / "full.trie", corpus, eos=11, order=3, seed=seed)
     converted = NgramTable.from_trie(tmp_path / "full.trie", vocab_size=12, progress=False)
     direct = NgramTable.from_sequences(corpus, vocab_size=12, eos_token_id=11, progress=False)
-    for ours, theirs in zip(converted.keys + converted.counts, direct.keys + direct.counts):
+    for ours, theirs in zip((converted.keys, converted.counts), (direct.keys, direct.counts)):
         assert np.array_equal(np.asarray(ours), np.asarray(theirs))
     data = (tmp_path / "full.trie").read_bytes()
     (tmp_path / "cut.trie").write_bytes(data[:-30])
@@ -167,13 +167,13 @@ def test_draft_carries_its_ngram_locally_and_from_an_offline_hub_cache(tmp_path)
     draft.save_pretrained(tmp_path / "draft")
     assert (tmp_path / "draft" / "ngram.safetensors").exists()
     loaded = DartDraftModel.from_pretrained(tmp_path / "draft", target=target)
-    assert np.array_equal(loaded.ngram.keys[2], draft.ngram.keys[2])
+    assert np.array_equal(loaded.ngram.keys, draft.ngram.keys)
 
     # a separate table attached with ngram= (a file, or a folder holding ngram.safetensors)
     other = NgramTable.from_sequences(random_corpus(3, vocab=128), vocab_size=128, progress=False)
     other.save(tmp_path / "other.safetensors")
     attached = DartDraftModel.from_pretrained(tmp_path / "draft", target=target, ngram=tmp_path / "other.safetensors")
-    assert np.array_equal(attached.ngram.keys[2], other.keys[2])
+    assert np.array_equal(attached.ngram.keys, other.keys)
 
     # the Hub path: a cache laid out as huggingface_hub lays it out, HF_HUB_OFFLINE=1, repo ids
     cache = tmp_path / "hub"
@@ -195,9 +195,9 @@ def test_draft_carries_its_ngram_locally_and_from_an_offline_hub_cache(tmp_path)
         "from dart_hf import DartDraftModel, NgramTable\n"
         "target = tiny_target('llama')\n"
         "draft = DartDraftModel.from_pretrained('org/draft', target=target)\n"
-        f"assert np.array_equal(draft.ngram.keys[2], NgramTable.load({str(tmp_path / 'draft' / 'ngram.safetensors')!r}).keys[2])\n"
+        f"assert np.array_equal(draft.ngram.keys, NgramTable.load({str(tmp_path / 'draft' / 'ngram.safetensors')!r}).keys)\n"
         "draft = DartDraftModel.from_pretrained('org/draft', target=target, ngram='org/ngram')\n"
-        f"assert np.array_equal(draft.ngram.keys[2], NgramTable.load({str(tmp_path / 'other.safetensors')!r}).keys[2])\n"
+        f"assert np.array_equal(draft.ngram.keys, NgramTable.load({str(tmp_path / 'other.safetensors')!r}).keys)\n"
         "prompt = prompts(1)[0]\n"
         "assert torch.equal(target.generate(prompt, max_new_tokens=24, assistant_model=draft),\n"
         "                   target.generate(prompt, max_new_tokens=24, do_sample=False))\n"

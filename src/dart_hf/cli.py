@@ -37,14 +37,13 @@ def build_ngram(args: argparse.Namespace) -> None:
         top_k=args.top_k,
     )
     table.save(args.output)
-    sizes = ", ".join(f"{len(keys):,} {k + 1}-grams" for k, keys in enumerate(table.keys))
-    print(f"wrote {args.output}: {table.metadata['num_tokens']:,} tokens, {sizes}")
+    print(f"wrote {args.output}: {table.metadata['num_tokens']:,} tokens, {table.describe()}")
 
 
 def convert_trie(args: argparse.Namespace) -> None:
     table = NgramTable.from_trie(args.trie, vocab_size=args.vocab_size)
     table.save(args.output)
-    print(f"wrote {args.output}: order {table.order}, " + ", ".join(f"{len(k):,}" for k in table.keys) + " k-grams")
+    print(f"wrote {args.output}: {table.describe()}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,4 +1,4 @@
-"""NgramTable: token N-gram counts stored as sorted arrays, memory-mapped, queried with per-candidate backoff.
+"""NgramTable: token N-gram counts stored as one sorted array, memory-mapped, queried with per-candidate backoff.
 
 Counting (SPEC section 4): every document gets EOS appended; every k-gram (k = 1..N) at every position is
 counted, those that end at the document's end included, so count(x) is exactly the number of occurrences of x.
@@ -6,8 +6,10 @@ counted, those that end at the document's end included, so count(x) is exactly t
 Query: P(c | context) = count(ctx + c) / count(ctx) for the longest suffix ctx of the context (N - 1 tokens,
 then fewer, never the empty context) under which c was seen; 0 when c was seen under none.
 
-Storage: one safetensors file. For each k, `keys_k` (sorted int64: the k-gram packed base-V) and `counts_k`
-(int64). Loading maps the file with numpy (no copy into Python objects); lookups are `np.searchsorted`.
+Storage: one safetensors file with two int64 arrays, `keys` (sorted) and `counts`. A k-gram's key is its tokens
+written in base V + 1 with digits token + 1 (no zero digit), so k-grams of every length share one sorted array
+and one binary search answers all the lookups of a query; the key of a k-gram's context is `key // (V + 1)`.
+Loading maps the file with numpy (no copy into Python objects); lookups are `np.searchsorted`.
 """
 
 from __future__ import annotations
@@ -24,29 +26,36 @@ from tqdm.auto import tqdm
 FORMAT_NAME = "dart-hf-ngram"
 FORMAT_VERSION = "1"
 NGRAM_FILENAME = "ngram.safetensors"
-_SAFETENSORS_DTYPES = {"I64": np.int64}
 
 
 class NgramTable:
     """Counts of all k-grams (k = 1..order) of a tokenized corpus.
 
-    keys[k - 1], counts[k - 1]: `[num_kgrams]` int64 arrays, keys sorted ascending.
+    keys, counts: `[num_kgrams]` int64 arrays, keys sorted ascending (encoding in the module docstring).
     """
 
-    def __init__(
-        self, order: int, vocab_size: int, keys: list[np.ndarray], counts: list[np.ndarray], metadata: dict | None = None
-    ):
+    def __init__(self, order: int, vocab_size: int, keys: np.ndarray, counts: np.ndarray, metadata: dict | None = None):
         if order < 2:
             raise ValueError(f"An N-gram table needs order >= 2, got {order}.")
-        if float(vocab_size) ** order >= 2**63:
+        if float(vocab_size + 1) ** order >= 2**63:
             raise ValueError(
-                f"vocab_size {vocab_size} ** order {order} does not fit the int64 packed keys; lower the order."
+                f"(vocab_size + 1) ** order = {vocab_size + 1} ** {order} does not fit the int64 keys; lower the order."
             )
         self.order = order
         self.vocab_size = vocab_size
         self.keys = keys
         self.counts = counts
         self.metadata = dict(metadata or {})
+
+    def num_kgrams(self, k: int) -> int:
+        """How many distinct k-grams the table holds."""
+        base = self.vocab_size + 1
+        low, high = np.searchsorted(self.keys, [base ** (k - 1), base**k])
+        return int(high - low)
+
+    def describe(self) -> str:
+        """'12 1-grams, 30 2-grams, 41 3-grams'."""
+        return ", ".join(f"{self.num_kgrams(k):,} {k}-grams" for k in range(1, self.order + 1))
 
     # ----- building -----------------------------------------------------------------------------------------------
 
@@ -69,21 +78,17 @@ class NgramTable:
         top_k: keep only the top_k most frequent continuations of each context. Memory is bounded by the table:
         documents are counted in chunks of about `chunk_tokens` tokens and merged into the running counts.
         """
-        table_keys = [np.zeros(0, np.int64) for _ in range(order)]
-        table_counts = [np.zeros(0, np.int64) for _ in range(order)]
+        keys, counts = np.zeros(0, np.int64), np.zeros(0, np.int64)
         num_tokens = num_documents = 0
         chunk: list[np.ndarray] = []
         chunk_size = 0
         bar = tqdm(desc="counting n-grams", unit="tok", unit_scale=True, disable=not progress)
 
         def flush() -> None:
-            nonlocal chunk, chunk_size
+            nonlocal chunk, chunk_size, keys, counts
             if chunk:
                 for k in range(1, order + 1):
-                    keys, counts = _count_kgrams(chunk, k, vocab_size)
-                    table_keys[k - 1], table_counts[k - 1] = _merge_counts(
-                        table_keys[k - 1], table_counts[k - 1], keys, counts
-                    )
+                    keys, counts = _merge_counts(keys, counts, *_count_kgrams(chunk, k, vocab_size))
             chunk, chunk_size = [], 0
 
         for sequence in sequences:
@@ -102,16 +107,14 @@ class NgramTable:
         flush()
         bar.close()
 
-        for k in range(2, order + 1):
-            keep = table_counts[k - 1] >= min_count
-            table_keys[k - 1], table_counts[k - 1] = table_keys[k - 1][keep], table_counts[k - 1][keep]
-            if top_k is not None:
-                table_keys[k - 1], table_counts[k - 1] = _keep_top_continuations(
-                    table_keys[k - 1], table_counts[k - 1], vocab_size, top_k
-                )
+        is_unigram = keys < vocab_size + 1
+        keep = is_unigram | (counts >= min_count)
+        keys, counts = keys[keep], counts[keep]
+        if top_k is not None:
+            keys, counts = _keep_top_continuations(keys, counts, vocab_size, top_k)
         info = {"num_tokens": num_tokens, "num_documents": num_documents, "min_count": min_count, "top_k": top_k}
         info.update(metadata or {})
-        return cls(order, vocab_size, table_keys, table_counts, info)
+        return cls(order, vocab_size, keys, counts, info)
 
     @classmethod
     def from_texts(
@@ -145,37 +148,46 @@ class NgramTable:
 
     def count(self, ngrams: np.ndarray) -> np.ndarray:
         """Occurrences of each k-gram: ngrams `[M, k]` -> `[M]` int64 (0 when unseen)."""
-        ngrams = np.asarray(ngrams, dtype=np.int64)
-        return self._lookup(ngrams.shape[-1], _pack(ngrams, self.vocab_size))
+        return self._lookup(_pack(np.asarray(ngrams, dtype=np.int64), self.vocab_size))
 
-    def probabilities(self, contexts: np.ndarray, candidates: np.ndarray) -> np.ndarray:
+    def probabilities(self, contexts: np.ndarray, candidates: np.ndarray, min_context: int = 1) -> np.ndarray:
         """P(candidate | context) with per-candidate backoff.
 
         contexts: `[M, C]` token ids (the last C tokens before the candidates; -1 marks a missing token, for
             example at the start of a text). Only the last `order - 1` are used.
-        candidates: `[M, K]` token ids. Returns `[M, K]` float32.
+        candidates: `[M, K]` token ids; -1 marks a slot to skip (probability 0, no lookup).
+        min_context: back off no further than contexts of this many tokens (default 1: the full backoff). A
+            caller that already holds the shorter-context probabilities asks only for the longer ones.
+        Returns `[M, K]` float32.
         """
         contexts = np.asarray(contexts, dtype=np.int64)
         candidates = np.asarray(candidates, dtype=np.int64)
-        result = np.zeros(candidates.shape, dtype=np.float32)
-        found = np.zeros(candidates.shape, dtype=bool)
-        for context_len in range(min(self.order - 1, contexts.shape[1]), 0, -1):
-            context = contexts[:, -context_len:]
-            context_key = _pack(np.maximum(context, 0), self.vocab_size)
-            context_count = np.maximum(self._lookup(context_len, context_key), 1)
-            full_count = self._lookup(context_len + 1, context_key[:, None] * self.vocab_size + candidates)
-            hit = (full_count > 0) & ~found
-            valid = (context >= 0).all(axis=1)
-            if not valid.all():
-                hit &= valid[:, None]
-            result = np.where(hit, full_count / context_count[:, None], result).astype(np.float32, copy=False)
-            found |= hit
-            if found.all():
-                break
-        return result
+        base = self.vocab_size + 1
+        lengths = range(min(self.order - 1, contexts.shape[1]), min_context - 1, -1)
+        if len(lengths) == 0:
+            return np.zeros(candidates.shape, dtype=np.float32)
+        # one key per context suffix, longest first; a suffix with a missing token gets key 0 (never stored)
+        context_keys = []
+        for length in lengths:
+            suffix = contexts[:, -length:]
+            context_keys.append(np.where((suffix >= 0).all(axis=1), _pack(suffix, self.vocab_size), 0))
+        context_keys = np.stack(context_keys)  # [S, M]
+        asked = (context_keys[..., None] > 0) & (candidates >= 0)  # [S, M, K]
+        full_keys = (context_keys[..., None] * base + candidates + 1)[asked]
+        found = self._lookup(np.concatenate([context_keys.ravel(), full_keys]))  # one binary search for all
+        context_counts = np.maximum(found[: context_keys.size], 1).reshape(context_keys.shape)
+        full_counts = np.zeros(asked.shape, dtype=np.int64)
+        full_counts[asked] = found[context_keys.size :]
 
-    def _lookup(self, k: int, packed: np.ndarray) -> np.ndarray:
-        keys, counts = self.keys[k - 1], self.counts[k - 1]
+        result = np.zeros(candidates.shape, dtype=np.float64)
+        for index in range(len(context_keys) - 1, -1, -1):  # shortest first, so longer contexts overwrite
+            seen = full_counts[index] > 0
+            result = np.where(seen, full_counts[index] / context_counts[index][:, None], result)
+        return result.astype(np.float32)
+
+    def _lookup(self, packed: np.ndarray) -> np.ndarray:
+        """Counts of packed keys (any shape), 0 for keys not in the table."""
+        keys, counts = self.keys, self.counts
         if keys.shape[0] == 0:
             return np.zeros(packed.shape, dtype=np.int64)
         flat = packed.ravel()
@@ -194,10 +206,10 @@ class NgramTable:
         """Write the table as one safetensors file (to a temporary name, then renamed into place)."""
         from safetensors.numpy import save_file
 
-        tensors = {}
-        for k in range(1, self.order + 1):
-            tensors[f"keys_{k}"] = np.ascontiguousarray(self.keys[k - 1], dtype=np.int64)
-            tensors[f"counts_{k}"] = np.ascontiguousarray(self.counts[k - 1], dtype=np.int64)
+        tensors = {
+            "keys": np.ascontiguousarray(self.keys, dtype=np.int64),
+            "counts": np.ascontiguousarray(self.counts, dtype=np.int64),
+        }
         metadata = {
             "format": FORMAT_NAME, "version": FORMAT_VERSION, "order": str(self.order),
             "vocab_size": str(self.vocab_size), "info": json.dumps(self.metadata),
@@ -222,24 +234,23 @@ class NgramTable:
             )
         order, vocab_size = int(metadata["order"]), int(metadata["vocab_size"])
         file_size = path.stat().st_size
-        keys, counts = [], []
-        for k in range(1, order + 1):
-            pair = []
-            for name in (f"keys_{k}", f"counts_{k}"):
-                entry = header.get(name)
-                if entry is None or entry.get("dtype") not in _SAFETENSORS_DTYPES or len(entry.get("shape", [])) != 1:
-                    raise ValueError(f"{path} is missing the int64 array '{name}' or stores it with another layout.")
-                begin, end = entry["data_offsets"]
-                length = entry["shape"][0]
-                if end - begin != 8 * length or data_start + end > file_size:
-                    raise ValueError(f"{path} is truncated or corrupt: array '{name}' runs past the end of the file.")
-                if length == 0:
-                    pair.append(np.zeros(0, np.int64))
-                else:
-                    mapped = np.memmap(path, dtype=np.int64, mode="r", offset=data_start + begin, shape=(length,))
-                    pair.append(np.asarray(mapped))  # a plain view of the mapping: np.memmap indexing is slow
-            keys.append(pair[0])
-            counts.append(pair[1])
+        arrays = []
+        for name in ("keys", "counts"):
+            entry = header.get(name)
+            if not isinstance(entry, dict) or entry.get("dtype") != "I64" or len(entry.get("shape", [])) != 1:
+                raise ValueError(f"{path} is missing the int64 array '{name}' or stores it with another layout.")
+            begin, end = entry["data_offsets"]
+            length = entry["shape"][0]
+            if end - begin != 8 * length or data_start + end > file_size:
+                raise ValueError(f"{path} is truncated or corrupt: array '{name}' runs past the end of the file.")
+            if length == 0:
+                arrays.append(np.zeros(0, np.int64))
+            else:
+                mapped = np.memmap(path, dtype=np.int64, mode="r", offset=data_start + begin, shape=(length,))
+                arrays.append(np.asarray(mapped))  # a plain view of the mapping: np.memmap indexing is slow
+        keys, counts = arrays
+        if keys.shape != counts.shape:
+            raise ValueError(f"{path} is corrupt: 'keys' and 'counts' differ in length.")
         return cls(order, vocab_size, keys, counts, json.loads(metadata.get("info", "{}")))
 
     # ----- the reference implementation's .trie ------------------------------------------------------------------
@@ -265,27 +276,20 @@ class NgramTable:
         if offset > len(data):
             raise ValueError(f"{path} is truncated: the last node's children run past the end of the file.")
 
-        depth = np.zeros(node_count, np.int64)
         packed = np.zeros(node_count, np.int64)
         is_root = np.arange(node_count) == 0
-        for _ in range(order):  # propagate depth and packed key from parents, whatever the node order
-            parent_depth = np.where(is_root, -1, depth[parents.clip(0, node_count - 1)])
-            depth = parent_depth + 1
-            packed = np.where(is_root, 0, packed[parents.clip(0, node_count - 1)] * vocab_size + tokens)
-        keys, counts = [], []
-        for k in range(1, order + 1):
-            at_depth = depth == k
-            sort = np.argsort(packed[at_depth], kind="stable")
-            keys.append(packed[at_depth][sort])
-            counts.append(freqs[at_depth][sort])
-        return cls(int(order), vocab_size, keys, counts, {"source": f"converted from {Path(path).name}"})
+        parents = parents.clip(0, node_count - 1)
+        for _ in range(order):  # propagate the packed key from the parents, whatever the node order
+            packed = np.where(is_root, 0, packed[parents] * (vocab_size + 1) + tokens + 1)
+        sort = np.argsort(packed[1:], kind="stable") + 1
+        return cls(int(order), vocab_size, packed[sort], freqs[sort], {"source": f"converted from {Path(path).name}"})
 
 
 def _pack(ngrams: np.ndarray, vocab_size: int) -> np.ndarray:
-    """`[..., k]` token ids -> `[...]` int64 keys, base vocab_size, most significant token first."""
+    """`[..., k]` token ids -> `[...]` int64 keys: digits token + 1 in base vocab_size + 1, first token first."""
     packed = np.zeros(ngrams.shape[:-1], dtype=np.int64)
     for position in range(ngrams.shape[-1]):
-        packed = packed * vocab_size + ngrams[..., position]
+        packed = packed * (vocab_size + 1) + ngrams[..., position] + 1
     return packed
 
 
@@ -295,10 +299,8 @@ def _count_kgrams(documents: list[np.ndarray], k: int, vocab_size: int) -> tuple
     lengths = np.array([doc.size for doc in documents], dtype=np.int64)
     document_end = np.repeat(np.cumsum(lengths), lengths)
     starts = np.nonzero(np.arange(tokens.size) + k <= document_end)[0]
-    packed = np.zeros(starts.size, dtype=np.int64)
-    for position in range(k):
-        packed = packed * vocab_size + tokens[starts + position]
-    return np.unique(packed, return_counts=True)
+    windows = tokens[starts[:, None] + np.arange(k)]
+    return np.unique(_pack(windows, vocab_size), return_counts=True)
 
 
 def _merge_counts(keys_a, counts_a, keys_b, counts_b) -> tuple[np.ndarray, np.ndarray]:
@@ -308,18 +310,20 @@ def _merge_counts(keys_a, counts_a, keys_b, counts_b) -> tuple[np.ndarray, np.nd
     keys, counts = keys[order], counts[order]
     if keys.size == 0:
         return keys, counts
-    first = np.concatenate([[True], keys[1:] != keys[:-1]])
-    starts = np.nonzero(first)[0]
+    starts = np.nonzero(np.concatenate([[True], keys[1:] != keys[:-1]]))[0]
     return keys[starts], np.add.reduceat(counts, starts)
 
 
 def _keep_top_continuations(keys, counts, vocab_size, top_k) -> tuple[np.ndarray, np.ndarray]:
-    """Keep, per context (key // vocab_size), the top_k continuations by count (ties: smaller token first)."""
-    context = keys // vocab_size
+    """Keep, per context (key // (vocab_size + 1)), the top_k continuations by count (ties: smaller key first).
+    Unigrams have no context and are all kept."""
+    if keys.size == 0:
+        return keys, counts
+    context = np.where(keys < vocab_size + 1, -1 - np.arange(keys.size), keys // (vocab_size + 1))
     order = np.lexsort((keys, -counts, context))
     context_sorted = context[order]
-    first = np.concatenate([[True], context_sorted[1:] != context_sorted[:-1]]) if keys.size else np.zeros(0, bool)
-    group_start = np.maximum.accumulate(np.where(first, np.arange(keys.size), 0)) if keys.size else first
+    first = np.concatenate([[True], context_sorted[1:] != context_sorted[:-1]])
+    group_start = np.maximum.accumulate(np.where(first, np.arange(keys.size), 0))
     rank = np.arange(keys.size) - group_start
     kept = np.sort(order[rank < top_k])
     return keys[kept], counts[kept]

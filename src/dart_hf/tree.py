@@ -179,60 +179,81 @@ class BeamSearchTreePolicy:
         else:
             log_probs = torch.log_softmax(top_logits, dim=-1)
         level_tokens = draft_to_target(draft_ids).cpu().numpy()  # [L, K]
-        level_log_probs = np.maximum(log_probs.cpu().numpy().astype(np.float64), np.log(1e-10))
         num_levels = level_tokens.shape[0]
+        levels = np.arange(num_levels)[:, None]
+        level_weights = (levels + 1.0) ** -self.level_decay  # [L, 1]
+        draft_terms = level_weights * self.logit_decay**levels * np.maximum(log_probs.cpu().numpy(), np.log(1e-10))
+        ngram_weights = (level_weights * self.ngram_weight)[:, 0]
+        level_is_eos = np.isin(level_tokens, np.array(self.eos_token_ids, dtype=np.int64))  # [L, K]
         context_len = self.ngram.order - 1 if self.ngram is not None else 1
         committed = context[-context_len:].tolist()
         start_context = np.array([[-1] * (context_len - len(committed)) + committed], dtype=np.int64)  # [1, C]
-        eos = np.array(self.eos_token_ids, dtype=np.int64)
 
-        # every candidate node, level by level: scores, parents (-1 = root), tokens, depths
-        pool_scores, pool_parents, pool_tokens, pool_depths = [], [], [], []
-        beam_nodes = np.array([-1])  # pool indices of the current beams (the root to start)
+        use_ngram = self.ngram is not None
+        if use_ngram:
+            # log P(c | previous token) for every pair the search can meet, in one batched query: the root before
+            # level 0, and each of level l - 1's candidates before level l
+            previous = np.concatenate([start_context[0, -1:], level_tokens[:-1].ravel()])
+            following = np.concatenate([level_tokens[:1], np.repeat(level_tokens[1:], top_k, axis=0)])
+            short_probs = self.ngram.probabilities(previous[:, None], following)
+            short_log = np.log(np.maximum(short_probs, 1e-10))
+            short_root, short_levels = short_log[:1], short_log[1:].reshape(num_levels - 1, top_k, top_k)
+            short_seen = (short_probs[1:] > 0).reshape(num_levels - 1, top_k, top_k)
+
+        # candidate nodes, one block per level: scores [B * K] and the pool indices of their parents (-1 = root)
+        pool_scores, pool_parents = [], []
+        beam_nodes = np.array([-1])
+        beam_ranks = np.zeros(1, dtype=np.int64)  # each beam's last token, as a rank in its level's top-k
         beam_scores = np.zeros(1)
         beam_contexts = start_context
         pool_size = 0
         for level in range(num_levels):
-            weight = (level + 1) ** -self.level_decay
-            tokens = np.broadcast_to(level_tokens[level], (beam_nodes.size, top_k))
-            term = self.logit_decay**level * level_log_probs[level][None, :]
-            if self.ngram is not None and (level > 0 or self.ngram_at_root):
-                ngram_probs = self.ngram.probabilities(beam_contexts, tokens)
-                term = term + self.ngram_weight * np.log(np.maximum(ngram_probs, 1e-10))
-            scores = beam_scores[:, None] + weight * term  # [B, K]
-            pool_scores.append(scores.ravel())
+            scores = beam_scores[:, None] + draft_terms[level]  # [B, K]
+            if use_ngram and (level > 0 or self.ngram_at_root):
+                if level == 0:
+                    ngram_log, seen = short_root, short_probs[:1] > 0
+                else:
+                    ngram_log, seen = short_levels[level - 1][beam_ranks], short_seen[level - 1][beam_ranks]
+                if self.ngram.order > 2:
+                    # a longer context can only hold c if the previous token alone does: ask for those only
+                    asked = np.where(seen, level_tokens[level], -1)
+                    longer = self.ngram.probabilities(beam_contexts, asked, min_context=2)
+                    ngram_log = np.where(longer > 0, np.log(np.maximum(longer, 1e-10)), ngram_log)
+                scores = scores + ngram_weights[level] * ngram_log
+            flat_scores = scores.ravel()
+            pool_scores.append(flat_scores)
             pool_parents.append(np.repeat(beam_nodes, top_k))
-            pool_tokens.append(tokens.ravel())
-            pool_depths.append(np.full(scores.size, level + 1))
-            flat_scores, flat_tokens = scores.ravel(), tokens.ravel()
-            ends_in_eos = (flat_tokens[:, None] == eos[None, :]).any(axis=1)
-            best = np.lexsort((-flat_scores, ends_in_eos))[: self.beam_width]
-            best = best[~ends_in_eos[best]]  # beams that end in EOS cannot be extended
-            if best.size == 0:
+            # the best beams; beams that end in EOS are ranked after all others and cannot be extended
+            ends_in_eos = np.tile(level_is_eos[level], beam_nodes.size)
+            best = np.argsort(np.where(ends_in_eos, np.inf, -flat_scores), kind="stable")[: self.beam_width]
+            best = best[~ends_in_eos[best]]
+            if best.size == 0 or level + 1 == num_levels:
                 break
-            beam_rows = best // top_k
             beam_nodes = pool_size + best
+            beam_ranks = best % top_k
             beam_scores = flat_scores[best]
-            beam_contexts = np.concatenate([beam_contexts[beam_rows, 1:], flat_tokens[best, None]], axis=1)
-            pool_size += scores.size
+            beam_contexts = np.concatenate([beam_contexts[best // top_k, 1:], level_tokens[level, beam_ranks, None]], 1)
+            pool_size += flat_scores.size
 
         scores = np.concatenate(pool_scores)
         parents = np.concatenate(pool_parents)
-        depths = np.concatenate(pool_depths)
-        tokens = np.concatenate(pool_tokens)
-        ranked = np.lexsort((depths, -scores))
-        kept = ranked[: self.budget]
+        block_sizes = [block.size for block in pool_scores]
+        depths = np.repeat(np.arange(1, len(block_sizes) + 1), block_sizes)
+        tokens = np.concatenate([np.tile(level_tokens[d], size // top_k) for d, size in enumerate(block_sizes)])
+        budget = min(self.budget, scores.size)
+        best = np.argpartition(-scores, budget - 1)[:budget] if budget < scores.size else np.arange(scores.size)
+        kept = best[np.lexsort((depths[best], -scores[best]))]
         kept_set = np.zeros(scores.size + 1, dtype=bool)  # index -1 (the root) maps to the last slot
         kept_set[-1] = True
         kept_set[kept] = True
         if not kept_set[parents[kept]].all():  # a tie broke prefix closure: keep the best nodes whose parent is kept
             kept_set[:-1] = False
             kept = []
-            for node in ranked:
+            for node in np.lexsort((depths, -scores)):
                 if kept_set[parents[node]]:
                     kept.append(node)
                     kept_set[node] = True
-                    if len(kept) == self.budget:
+                    if len(kept) == budget:
                         break
             kept = np.array(kept, dtype=np.int64)
 
@@ -240,11 +261,8 @@ class BeamSearchTreePolicy:
         new_index = np.full(scores.size + 1, -1, dtype=np.int64)
         new_index[-1] = 0
         new_index[kept] = np.arange(1, kept.size + 1)
-        tree_tokens = np.concatenate([[int(context[-1])], tokens[kept]])
-        tree_parents = np.concatenate([[-1], new_index[parents[kept]]])
-        tree_depths = np.concatenate([[0], depths[kept]])
         return Tree(
-            torch.from_numpy(tree_tokens.astype(np.int64)),
-            torch.from_numpy(tree_parents),
-            torch.from_numpy(tree_depths.astype(np.int64)),
+            torch.from_numpy(np.concatenate([[int(context[-1])], tokens[kept]]).astype(np.int64)),
+            torch.from_numpy(np.concatenate([[-1], new_index[parents[kept]]])),
+            torch.from_numpy(np.concatenate([[0], depths[kept]]).astype(np.int64)),
         )
