@@ -180,8 +180,10 @@ def test_bad_generate_inputs_get_clear_errors():
         target.generate(prompt, max_new_tokens=4, num_beams=2, assistant_model=draft)
     with pytest.raises(ValueError, match="static"):
         target.generate(prompt, max_new_tokens=4, cache_implementation="static", assistant_model=draft)
-    with pytest.raises(NotImplementedError, match="do_sample"):
-        target.generate(prompt, max_new_tokens=4, do_sample=True, assistant_model=draft)
+    with pytest.raises(ValueError, match="num_return_sequences=1"):
+        target.generate(prompt, max_new_tokens=4, do_sample=True, num_return_sequences=2, assistant_model=draft)
+    with pytest.raises(ValueError, match="no tokenizer was passed"):
+        target.generate(prompt, max_new_tokens=4, stop_strings=["x"], assistant_model=draft)
     with pytest.raises(ValueError, match="needs the draft"):
         target.generate(prompt, max_new_tokens=4, custom_generate=dart_generate)
     other_target = tiny_target("llama", seed=13)
@@ -230,3 +232,64 @@ def test_ngram_pruned_trees_are_lossless(arch, policy):
     assert torch.equal(got, expected) and max(draft.stats.tree_sizes) <= 21
     with pytest.raises(ValueError, match="Unknown tree option"):
         target.generate(prompt, max_new_tokens=4, assistant_model=draft, tree_options={"beam": 3})
+
+
+def char_tokenizer():
+    """A character-level tokenizer over the tiny targets' 128-token vocabulary (token i is one character)."""
+    import string
+
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    characters = list(string.ascii_letters + string.digits + string.punctuation + " ")
+    characters += [chr(code) for code in range(0xC0, 0xC0 + 128 - len(characters))]
+    backend = Tokenizer(models.BPE({c: i for i, c in enumerate(characters)}, merges=[]))
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=characters[0], pad_token=characters[0])
+
+
+def test_stop_strings_text_streamer_and_generation_config_objects():
+    from threading import Thread
+
+    from transformers import GenerationConfig, TextIteratorStreamer
+
+    target = tiny_target("llama", seed=20)
+    draft = DartDraftModel.from_target(target)
+    tokenizer = char_tokenizer()
+    prompt = prompts(1, seed=20)[0]
+    free_run = vanilla(target, prompt)[0, prompt.shape[1] :].tolist()
+    stop = tokenizer.convert_ids_to_tokens(free_run[15])
+    expected = vanilla(target, prompt, stop_strings=[stop], tokenizer=tokenizer)
+    got = target.generate(
+        prompt, max_new_tokens=NEW_TOKENS, stop_strings=[stop], tokenizer=tokenizer, assistant_model=draft
+    )
+    assert torch.equal(got, expected) and got.shape[1] < prompt.shape[1] + NEW_TOKENS
+
+    config = GenerationConfig(max_new_tokens=30, do_sample=False, stop_strings=[stop], pad_token_id=0)
+    expected = target.generate(prompt, generation_config=config, tokenizer=tokenizer)
+    got = target.generate(prompt, generation_config=config, tokenizer=tokenizer, assistant_model=draft)
+    assert torch.equal(got, expected) and config.stop_strings == [stop]  # the caller's config is left unchanged
+
+    texts = []
+    for assistant in (None, draft):
+        streamer = TextIteratorStreamer(tokenizer, skip_prompt=True)
+        kwargs = dict(max_new_tokens=NEW_TOKENS, do_sample=False, streamer=streamer, assistant_model=assistant)
+        thread = Thread(target=target.generate, args=(prompt,), kwargs=kwargs)
+        thread.start()
+        texts.append("".join(streamer))
+        thread.join()
+    assert texts[0] == texts[1] and texts[0].strip()
+
+
+def test_sampling_options_run_and_commit_only_allowed_tokens():
+    target = tiny_target("qwen3", seed=21)
+    draft = DartDraftModel.from_target(target)
+    prompt = prompts(1, seed=21)[0]
+    torch.manual_seed(0)
+    out = target.generate(
+        prompt, max_new_tokens=40, do_sample=True, top_k=1, assistant_model=draft,
+        return_dict_in_generate=True, output_scores=True,
+    )
+    # top_k=1 leaves one token per step: sampling must then equal greedy decoding
+    assert torch.equal(out.sequences, vanilla(target, prompt)[:, : prompt.shape[1] + 40])
+    assert len(out.scores) == 40 and all(int(torch.isfinite(s).sum()) == 1 for s in out.scores)

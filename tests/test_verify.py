@@ -8,7 +8,7 @@ from transformers import DynamicCache, LogitsProcessorList
 
 from _helpers import tiny_target
 from dart_hf.tree import Tree
-from dart_hf.verify import accept_greedy, compact_cache, forward_tree, tree_attention_mask
+from dart_hf.verify import accept, compact_cache, forward_tree, tree_attention_mask
 
 FEATURE_LAYERS = [2, 3, 5]
 
@@ -82,10 +82,10 @@ def test_tree_mask_is_float_in_model_dtype():
     assert blocked.tolist() == [[False, True, True], [False, False, True], [False, True, False]]
 
 
-def test_accept_greedy_walks_the_matching_branch():
+def test_greedy_acceptance_walks_the_matching_branch():
     # root -> {a=5: node1, b=6: node2}; node2 -> {7: node3}. Target argmax: root 6, node2 7, node3 9 (bonus).
     tree = Tree.from_parents([1, 5, 6, 7], [-1, 0, 0, 2])
     logits = torch.zeros(4, 10)
     logits[0, 6] = logits[2, 7] = logits[3, 9] = logits[1, 3] = 1.0
-    result = accept_greedy(tree, logits, torch.tensor([[1]]), LogitsProcessorList())
+    result = accept(tree, logits, torch.tensor([[1]]), LogitsProcessorList())
     assert result.path == [0, 2, 3] and result.tokens == [6, 7, 9]

@@ -9,18 +9,26 @@ processors, stopping criteria, cache):
 
 from __future__ import annotations
 
+import copy
 import functools
 import time
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
+from transformers import (
+    DynamicCache,
+    GenerationConfig,
+    LogitsProcessorList,
+    PreTrainedModel,
+    StoppingCriteriaList,
+    StopStringCriteria,
+)
 from transformers.cache_utils import DynamicSlidingWindowLayer
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .modeling_dart import DartDraftModel
 from .tree import BeamSearchTreePolicy, TopKTreePolicy, TreePolicy
-from .verify import accept_greedy, compact_cache, forward_tree
+from .verify import accept, compact_cache, forward_tree
 
 
 @dataclass
@@ -62,7 +70,7 @@ def dart_generate(
     tree_top_k: int | None = None,
     **model_kwargs,
 ) -> GenerateDecoderOnlyOutput | torch.LongTensor:
-    """DART tree decoding, called by `generate` as a `custom_generate` function (greedy, batch size 1).
+    """DART tree decoding, called by `generate` as a `custom_generate` function (greedy or sampling, batch size 1).
 
     dart_draft: a `DartDraftModel` bound to `model`.
     dart_streamer: the user's streamer (`generate` drops `streamer` for custom functions; the router renames it).
@@ -114,7 +122,11 @@ def dart_generate(
     features = torch.cat([outputs.hidden_states[index] for index in feature_layers], dim=-1)
     first_logits = outputs.logits[:, -1].to(dtype=torch.float32, copy=True)
     first_scores = logits_processor(input_ids, first_logits)
-    stopped = commit(int(first_scores.argmax(dim=-1)), first_scores, first_logits)
+    if generation_config.do_sample:
+        first_token = int(torch.multinomial(torch.softmax(first_scores[0], dim=-1), num_samples=1))
+    else:
+        first_token = int(first_scores.argmax(dim=-1))
+    stopped = commit(first_token, first_scores, first_logits)
     del outputs
     stats.prefill_time = time.perf_counter() - start
 
@@ -133,7 +145,7 @@ def dart_generate(
         tick = time.perf_counter()
         past_len = cache.get_seq_length()
         tree_logits, tree_features = forward_tree(model, tree, cache, feature_layers)
-        acceptance = accept_greedy(tree, tree_logits, input_ids, logits_processor)
+        acceptance = accept(tree, tree_logits, input_ids, logits_processor, generation_config.do_sample)
         compact_cache(cache, past_len, acceptance.path)
         stats.verify_time += time.perf_counter() - tick
 
@@ -194,13 +206,36 @@ def install_generate_router(target: PreTrainedModel) -> None:
             return original_generate(*args, assistant_model=assistant_model, **kwargs)
         if kwargs.get("custom_generate") is not None:
             raise ValueError("Pass either `assistant_model=<DART draft>` or `custom_generate=`, not both.")
+        # `generate` drops `streamer` and `tokenizer` for custom functions: forward the streamer under another
+        # name, and turn `stop_strings` (which needs the tokenizer) into a stopping criterion here
         streamer = kwargs.pop("streamer", None)
+        _move_stop_strings_to_criteria(kwargs)
         return original_generate(
             *args, custom_generate=dart_generate, dart_draft=assistant_model, dart_streamer=streamer, **kwargs
         )
 
     generate._dart_router = True
     target.generate = generate
+
+
+def _move_stop_strings_to_criteria(kwargs: dict) -> None:
+    tokenizer = kwargs.pop("tokenizer", None)
+    stop_strings = kwargs.pop("stop_strings", None)
+    generation_config = kwargs.get("generation_config")
+    if stop_strings is None and generation_config is not None and generation_config.stop_strings is not None:
+        generation_config = copy.deepcopy(generation_config)
+        stop_strings, generation_config.stop_strings = generation_config.stop_strings, None
+        kwargs["generation_config"] = generation_config
+    if stop_strings is None:
+        return
+    if tokenizer is None:
+        raise ValueError(
+            "There are one or more stop strings, either in the arguments to `generate` or in the model's generation "
+            "config, but no tokenizer was passed: pass `tokenizer=tokenizer` to `generate`."
+        )
+    criteria = StoppingCriteriaList(kwargs.pop("stopping_criteria", None) or [])
+    criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stop_strings))
+    kwargs["stopping_criteria"] = criteria
 
 
 def _checked_draft(draft: DartDraftModel | None, target: PreTrainedModel) -> DartDraftModel:
@@ -223,10 +258,6 @@ def _check_generation_options(input_ids: torch.Tensor, generation_config: Genera
         raise ValueError(f"DART tree decoding cannot run beam search (num_beams={generation_config.num_beams}).")
     if generation_config.num_return_sequences != 1:
         raise ValueError("DART tree decoding returns one sequence: set num_return_sequences=1.")
-    if generation_config.do_sample:
-        raise NotImplementedError(
-            "DART tree decoding with do_sample=True is not implemented yet; use greedy decoding (do_sample=False)."
-        )
     if generation_config.cache_implementation not in (None, "dynamic"):
         raise ValueError(
             f"DART tree decoding needs a DynamicCache; cache_implementation={generation_config.cache_implementation!r} "

@@ -62,14 +62,22 @@ class Acceptance:
     logits: list[torch.Tensor]
 
 
-def accept_greedy(
-    tree: Tree, logits: torch.Tensor, input_ids: torch.Tensor, logits_processor: LogitsProcessorList
+def accept(
+    tree: Tree,
+    logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    logits_processor: LogitsProcessorList,
+    do_sample: bool = False,
 ) -> Acceptance:
-    """Walk down from the root while the target's greedy choice is a child of the current node.
+    """Walk down from the root, committing one token per visited node, while that token is a child of the node.
 
-    input_ids `[1, S]`: the committed sequence, ending with the root token. Each node's processed scores are
-    computed with exactly the prefix that vanilla decoding would have at that point, so sequence-dependent
-    logits processors (repetition penalty, ...) stay lossless.
+    Greedy: the token is the target's argmax. Sampling: multi-draft rejection sampling (`sample_child`), so the
+    committed tokens follow exactly the target's distribution.
+
+    input_ids `[1, S]`: the committed sequence, ending with the root token. Each node's scores go through the
+    logits processors with exactly the prefix that vanilla decoding would have at that point, so
+    sequence-dependent processors (repetition penalty, ...) and the warpers of sampling (temperature, top-k,
+    top-p, ...) stay lossless.
     """
     children = tree.children()
     node, prefix = 0, input_ids
@@ -77,16 +85,38 @@ def accept_greedy(
     while True:
         node_logits = logits[node : node + 1].to(dtype=torch.float32, copy=True)
         node_scores = logits_processor(prefix, node_logits)
-        token = int(node_scores.argmax(dim=-1))
+        if do_sample:
+            token, child = sample_child(node_scores[0], children[node])
+        else:
+            token = int(node_scores.argmax(dim=-1))
+            child = children[node].get(token)
         tokens.append(token)
         scores.append(node_scores)
         raw_logits.append(node_logits)
-        child = children[node].get(token)
         if child is None:
             return Acceptance(path, tokens, scores, raw_logits)
         path.append(child)
         node = child
         prefix = torch.cat([prefix, prefix.new_tensor([[token]])], dim=-1)
+
+
+def sample_child(scores: torch.Tensor, children: dict[int, int]) -> tuple[int, int | None]:
+    """Draw the next token from softmax(scores) `[V]`, trying the drafted children first.
+
+    Each drafted token x is deterministic (q(x) = 1), so it is accepted with probability p(x); on rejection p(x) is
+    set to 0 and p renormalised before the next child is tried; if every child is rejected, the token is sampled
+    from what is left of p. The token's distribution is exactly p. Returns (token, child node or None).
+    """
+    probs = torch.softmax(scores.float(), dim=-1)
+    for token, child in children.items():
+        if float(torch.rand(())) < float(probs[token]):
+            return token, child
+        probs[token] = 0
+        remaining = probs.sum()
+        if remaining <= 0:  # p(x) was 1 up to rounding: nothing else is possible
+            return token, child
+        probs /= remaining
+    return int(torch.multinomial(probs, num_samples=1)), None
 
 
 def compact_cache(cache: Cache, past_len: int, path: list[int]) -> None:

@@ -1,0 +1,159 @@
+"""Lossless sampling: DART's multi-draft rejection sampling reproduces the target's distribution exactly.
+
+The reference is the exact joint distribution of the first three new tokens, computed from the target itself
+with the same logits warpers; a chi-square test at significance 1e-4 (seeded, so deterministic) must accept
+DART's samples and vanilla `generate`'s samples alike, and must reject a deliberately wrong acceptance rule.
+"""
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+from transformers import (
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+import dart_hf.verify
+from _helpers import tiny_target
+from dart_hf import DartDraftModel
+from dart_hf.verify import sample_child
+
+VOCAB, NEW_TOKENS, SAMPLES = 8, 3, 1500
+PROMPT = torch.tensor([[1, 5, 2]])
+SETTINGS = {
+    "temperature": (dict(temperature=0.8), LogitsProcessorList([TemperatureLogitsWarper(0.8)])),
+    "top_k_top_p": (
+        dict(temperature=1.0, top_k=5, top_p=0.9),
+        LogitsProcessorList([TopKLogitsWarper(5), TopPLogitsWarper(0.9)]),
+    ),
+}
+
+
+def chi_square_critical(dof: int, z: float = 3.719) -> float:
+    """Wilson-Hilferty approximation of the chi-square quantile; z = 3.719 is the normal quantile of 1 - 1e-4."""
+    return dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
+
+
+def chi_square(observed: Counter, expected_probs: dict, samples: int) -> tuple[float, float]:
+    """(statistic, critical value); cells expected below 5 are pooled into one bin. A sample in a cell of
+    probability 0 makes the statistic infinite."""
+    if any(expected_probs.get(cell, 0.0) == 0.0 for cell in observed):
+        return math.inf, 0.0
+    big = [cell for cell, p in expected_probs.items() if p * samples >= 5]
+    small = [cell for cell in expected_probs if cell not in set(big)]
+    bins = [(observed[cell], expected_probs[cell] * samples) for cell in big]
+    pooled_expected = sum(expected_probs[cell] for cell in small) * samples
+    if pooled_expected > 0:
+        bins.append((sum(observed[cell] for cell in small), pooled_expected))
+    statistic = sum((o - e) ** 2 / e for o, e in bins)
+    return statistic, chi_square_critical(len(bins) - 1)
+
+
+@torch.no_grad()
+def exact_joint(target, processors) -> dict:
+    """P(first NEW_TOKENS tokens) under the target with `processors`, by enumerating prefixes."""
+    joint = {(): 1.0}
+    for _ in range(NEW_TOKENS):
+        prefixes = list(joint)
+        rows = torch.cat([PROMPT.repeat(len(prefixes), 1), torch.tensor(prefixes, dtype=torch.long).view(len(prefixes), -1)], 1)
+        logits = target(rows).logits[:, -1].float()
+        extended = {}
+        for row, prefix in enumerate(prefixes):
+            probs = torch.softmax(processors(rows[row : row + 1], logits[row : row + 1])[0], dim=-1)
+            for token in torch.nonzero(probs).flatten().tolist():
+                extended[prefix + (token,)] = joint[prefix] * float(probs[token])
+        joint = extended
+    return joint
+
+
+def peaked_target():
+    target = tiny_target(
+        "llama", vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=4, num_attention_heads=2,
+        num_key_value_heads=1, seed=3,
+    )
+    with torch.no_grad():
+        target.lm_head.weight.mul_(15)  # random init is almost uniform; make the distributions informative
+    return target
+
+
+def sample_many(target, generate_kwargs, seed=0) -> Counter:
+    torch.manual_seed(seed)
+    counts = Counter()
+    for _ in range(SAMPLES):
+        out = target.generate(PROMPT, max_new_tokens=NEW_TOKENS, do_sample=True, **generate_kwargs)
+        counts[tuple(out[0, PROMPT.shape[1] :].tolist())] += 1
+    return counts
+
+
+@pytest.fixture(scope="module")
+def target_and_draft():
+    target = peaked_target()
+    return target, DartDraftModel.from_target(target, feature_layers=[1, 2, 3])
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_dart_sampling_matches_the_exact_target_distribution(target_and_draft, setting):
+    target, draft = target_and_draft
+    kwargs, processors = SETTINGS[setting]
+    expected = exact_joint(target, processors)
+    observed = sample_many(target, dict(kwargs, assistant_model=draft))
+    assert draft.stats.verify_steps >= 1 and max(draft.stats.accepted_lengths) >= 2  # the tree was used
+    statistic, critical = chi_square(observed, expected, SAMPLES)
+    assert statistic < critical, (statistic, critical)
+
+
+def test_vanilla_sampling_passes_the_same_test(target_and_draft):
+    target, _ = target_and_draft
+    kwargs, processors = SETTINGS["temperature"]
+    statistic, critical = chi_square(sample_many(target, kwargs), exact_joint(target, processors), SAMPLES)
+    assert statistic < critical, (statistic, critical)
+
+
+def biased_sample_child(scores, children):
+    """A wrong rule: rejected drafts are not removed from the residual, so drafted tokens are over-weighted."""
+    probs = torch.softmax(scores.float(), dim=-1)
+    for token, child in children.items():
+        if float(torch.rand(())) < float(probs[token]):
+            return token, child
+    return int(torch.multinomial(probs, num_samples=1)), None
+
+
+def test_the_test_rejects_a_wrong_acceptance_rule(target_and_draft, monkeypatch):
+    target, draft = target_and_draft
+    kwargs, processors = SETTINGS["temperature"]
+    monkeypatch.setattr(dart_hf.verify, "sample_child", biased_sample_child)
+    observed = sample_many(target, dict(kwargs, assistant_model=draft))
+    statistic, critical = chi_square(observed, exact_joint(target, processors), SAMPLES)
+    assert statistic > critical, (statistic, critical)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_sample_child_is_exact_for_any_child_order(seed):
+    generator = torch.Generator().manual_seed(seed)
+    scores = torch.randn(6, generator=generator) * 2
+    scores[5] = -math.inf  # a token the warpers removed
+    probs = torch.softmax(scores, dim=-1)
+    order = torch.randperm(6, generator=generator).tolist()[:4]
+    children = {token: node for node, token in enumerate(order, start=1)}
+    torch.manual_seed(seed)
+    draws = 20000
+    counts = Counter(sample_child(scores, children)[0] for _ in range(draws))
+    expected = {token: float(probs[token]) for token in range(6)}
+    statistic, critical = chi_square(counts, expected, draws)
+    assert statistic < critical and counts[5] == 0
+    torch.manual_seed(seed)
+    biased = Counter(biased_sample_child(scores, children)[0] for _ in range(draws))
+    assert chi_square(biased, expected, draws)[0] > critical
+
+
+def test_same_seed_same_output(target_and_draft):
+    target, draft = target_and_draft
+    outputs = []
+    for _ in range(2):
+        torch.manual_seed(123)
+        outputs.append(target.generate(PROMPT, max_new_tokens=20, do_sample=True, temperature=0.9, assistant_model=draft))
+    assert torch.equal(outputs[0], outputs[1])
