@@ -214,7 +214,7 @@ class BeamSearchTreePolicy:
                     ngram_log, seen = short_root, short_probs[:1] > 0
                 else:
                     ngram_log, seen = short_levels[level - 1][beam_ranks], short_seen[level - 1][beam_ranks]
-                if self.ngram.order > 2:
+                if self.ngram.order > 2 and seen.any():
                     # a longer context can only hold c if the previous token alone does: ask for those only
                     asked = np.where(seen, level_tokens[level], -1)
                     longer = self.ngram.probabilities(beam_contexts, asked, min_context=2)
