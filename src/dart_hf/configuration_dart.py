@@ -21,6 +21,10 @@ class DartConfig(PreTrainedConfig):
     indices of the target (0 = embeddings, i + 1 = output of decoder layer i); `None` picks `[2, L // 2, L - 3]`
     for an L-layer target when the draft is bound.
 
+    Training-side options (SPEC section 6): `feature_norm` adds one RMSNorm per feature layer before `fc` (target
+    layers differ in scale by an order of magnitude; off in the released drafts, which have no such weights);
+    `feature_dropout` drops target features while training; `mask_rep_init_std` is the initial scale of `mask_rep`.
+
     Tree policy defaults (saved with the draft, overridable per `generate` call with `tree_options={...}` using
     the names without the `tree_` prefix): `tree_policy` is "beam" (DART's continuity-aware beam search, SPEC
     section 4, with the reference defaults below) or "topk" (the plain per-level top-k tree); `tree_budget` nodes
@@ -54,6 +58,9 @@ class DartConfig(PreTrainedConfig):
     eos_token_id: int | list[int] | None = None
     draft_length: int = 8
     feature_layers: list[int] | None = None
+    feature_norm: bool = False
+    feature_dropout: float = 0.0
+    mask_rep_init_std: float = 1.0
     tree_policy: str = "beam"
     tree_budget: int = 60
     tree_top_k: int = 25

@@ -107,7 +107,7 @@ class DartPreTrainedModel(PreTrainedModel):
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
         if isinstance(module, DartDecoderLayer):
-            init.normal_(module.mask_rep, mean=0.0, std=1.0)
+            init.normal_(module.mask_rep, mean=0.0, std=self.config.mask_rep_init_std)
         if isinstance(module, DartDraftModel):
             d2t = module.unknown_vocab_mapping(self.config)
             init.copy_(module.d2t, d2t)
@@ -128,6 +128,11 @@ class DartDraftModel(DartPreTrainedModel):
         super().__init__(config)
         hidden_size, target_hidden_size = config.hidden_size, config.target_hidden_size
         self.fc = nn.Linear(3 * target_hidden_size, hidden_size, bias=False)
+        if config.feature_norm:
+            self.feature_norms = nn.ModuleList(
+                LlamaRMSNorm(target_hidden_size, eps=config.rms_norm_eps) for _ in range(3)
+            )
+        self.feature_dropout = nn.Dropout(config.feature_dropout)
         self.midlayer = DartDecoderLayer(config)
         self.norm = LlamaRMSNorm(hidden_size, eps=config.rms_norm_eps)
         self.lm_head = nn.Linear(hidden_size, config.draft_vocab_size, bias=False)
@@ -216,7 +221,7 @@ class DartDraftModel(DartPreTrainedModel):
             "eos_token_id": getattr(text_config, "eos_token_id", None),
         }
         fields.update(overrides)
-        draft = cls(DartConfig(**fields)).to(device=target.device, dtype=target.dtype)
+        draft = cls(DartConfig(**fields)).to(device=target.device, dtype=target.dtype).eval()
         if draft_to_target_ids is not None:
             draft.set_vocab_mapping(draft_to_target_ids)
         return draft.bind(target)
@@ -360,7 +365,10 @@ class DartDraftModel(DartPreTrainedModel):
         layer = self.midlayer
         hidden_size = self.config.hidden_size
 
-        fused = self.fc(target_hidden_states.to(self.dtype))
+        features = target_hidden_states.to(self.dtype)
+        if self.config.feature_norm:
+            features = torch.cat([norm(part) for norm, part in zip(self.feature_norms, features.chunk(3, dim=-1))], -1)
+        fused = self.fc(self.feature_dropout(features))
         rows = torch.cat([layer.input_layernorm(inputs_embeds), layer.hidden_norm(fused)], dim=-1)
         residual = fused
         if num_masks > 0:

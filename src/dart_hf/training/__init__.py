@@ -1,0 +1,20 @@
+"""Training DART drafts: data (prompts, self-distillation), the prefix-shared layout, the loss, the Trainer."""
+
+from .data import DartDataCollator, load_conversations, load_examples, self_distill, tokenize_conversation
+from .layout import PrefixSharedLayout, prefix_shared_layout
+from .loss import dart_loss
+from .trainer import DartTrainer, DartTrainingArguments, evaluate_draft
+
+__all__ = [
+    "DartDataCollator",
+    "DartTrainer",
+    "DartTrainingArguments",
+    "PrefixSharedLayout",
+    "dart_loss",
+    "evaluate_draft",
+    "load_conversations",
+    "load_examples",
+    "prefix_shared_layout",
+    "self_distill",
+    "tokenize_conversation",
+]

@@ -1,0 +1,195 @@
+"""Training data: conversations from JSON / JSONL files, chat-template tokenization with a response mask,
+self-distillation (the target regenerates the responses), and the collator.
+
+An example is `{"prompt_ids": [...], "response_ids": [...]}`; only response tokens are supervised.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+
+def load_conversations(path: str | os.PathLike, limit: int | None = None) -> list[list[dict]]:
+    """Read conversations as lists of `{"role", "content"}` messages. Accepted records: `{"messages": [...]}`,
+    ShareGPT `{"conversations": [{"from", "value"}]}`, Alpaca `{"instruction", "input", "output"}`, and
+    `{"prompt", "response"}`; a file is a JSON list or JSONL (one record per line)."""
+    text = Path(path).read_text(encoding="utf-8")
+    if text.lstrip().startswith("["):
+        records = json.loads(text)
+    else:  # split on "\n" only: str.splitlines() also splits on U+2028 inside JSON strings
+        records = [json.loads(line) for line in text.split("\n") if line.strip()]
+    conversations = []
+    for number, record in enumerate(records):
+        conversations.append(_messages(record, f"{path} record {number}"))
+        if limit is not None and len(conversations) == limit:
+            break
+    return conversations
+
+
+def _messages(record: dict, where: str) -> list[dict]:
+    roles = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+    if "messages" in record:
+        return [{"role": m["role"], "content": m["content"]} for m in record["messages"]]
+    if "conversations" in record:
+        return [{"role": roles.get(m["from"], m["from"]), "content": m["value"]} for m in record["conversations"]]
+    if "instruction" in record:
+        prompt = record["instruction"] + (f"\n\n{record['input']}" if record.get("input") else "")
+        messages = [{"role": "user", "content": prompt}]
+        return messages + ([{"role": "assistant", "content": record["output"]}] if record.get("output") else [])
+    if "prompt" in record:
+        response = record.get("response", record.get("completion"))
+        messages = [{"role": "user", "content": record["prompt"]}]
+        return messages + ([{"role": "assistant", "content": response}] if response else [])
+    raise ValueError(f"{where}: no 'messages', 'conversations', 'instruction' or 'prompt' field.")
+
+
+def tokenize_conversation(tokenizer, messages: list[dict]) -> tuple[list[int], list[int] | None]:
+    """(prompt ids up to the first assistant turn, with the generation prompt; that turn's ids or None).
+
+    The response ids are what the chat template renders for the assistant turn (end-of-turn token included), so
+    they are exactly the tokens the target would have to produce."""
+    first_reply = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
+    prompt_messages = messages[:first_reply]
+    if not prompt_messages:
+        raise ValueError("A conversation needs a user turn before the first assistant turn.")
+    if getattr(tokenizer, "chat_template", None):
+        prompt_text = tokenizer.apply_chat_template(prompt_messages, add_generation_prompt=True, tokenize=False)
+    else:
+        prompt_text = "\n".join(m["content"] for m in prompt_messages) + "\n"
+    prompt_ids = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
+    if first_reply == len(messages):
+        return prompt_ids, None
+    reply = messages[first_reply]
+    full_text = None
+    if getattr(tokenizer, "chat_template", None):
+        full_text = tokenizer.apply_chat_template(prompt_messages + [reply], tokenize=False)
+    if full_text is not None and full_text.startswith(prompt_text):
+        response_ids = tokenizer(full_text[len(prompt_text) :], add_special_tokens=False)["input_ids"]
+    else:
+        response_ids = tokenizer(reply["content"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    return prompt_ids, response_ids
+
+
+@torch.no_grad()
+def self_distill(
+    target,
+    prompts: list[list[int]],
+    output_path: str | os.PathLike,
+    max_new_tokens: int = 256,
+    batch_size: int = 16,
+    pad_token_id: int = 0,
+    progress: bool = True,
+) -> list[dict]:
+    """Regenerate the responses with the target (greedy), so the draft learns the target's own outputs.
+
+    Prompts are grouped by length and generated in left-padded batches. Every finished batch is appended to
+    `output_path` (JSONL, one `{"id", "prompt_ids", "response_ids"}` per prompt, id = index in `prompts`) and
+    flushed, so an interrupted run loses nothing it already generated; a rerun skips the ids already written.
+    Returns all examples in the file.
+    """
+    output_path = Path(output_path)
+    _drop_partial_last_line(output_path)
+    done = {record["id"] for record in _read_jsonl(output_path)}
+    todo = sorted((i for i in range(len(prompts)) if i not in done), key=lambda i: len(prompts[i]))
+    eos = target.generation_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+    with open(output_path, "a", encoding="utf-8") as handle, tqdm(
+        total=len(todo), desc="self-distilling", disable=not progress
+    ) as bar:
+        for start in range(0, len(todo), batch_size):
+            batch = todo[start : start + batch_size]
+            width = max(len(prompts[i]) for i in batch)
+            input_ids = torch.full((len(batch), width), pad_token_id, dtype=torch.long)
+            attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
+            for row, index in enumerate(batch):
+                ids = prompts[index]
+                input_ids[row, width - len(ids) :] = torch.tensor(ids)
+                attention_mask[row, width - len(ids) :] = 1
+            output = target.generate(
+                input_ids=input_ids.to(target.device), attention_mask=attention_mask.to(target.device),
+                max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad_token_id,
+            )
+            for row, index in enumerate(batch):
+                response = output[row, width:].tolist()
+                end = next((i + 1 for i, token in enumerate(response) if token in eos_ids), len(response))
+                record = {"id": index, "prompt_ids": prompts[index], "response_ids": response[:end]}
+                handle.write(json.dumps(record) + "\n")
+            handle.flush()
+            bar.update(len(batch))
+    return _read_jsonl(output_path)
+
+
+def load_examples(paths: Iterable[str | os.PathLike]) -> list[dict]:
+    """Examples (`prompt_ids`, `response_ids`) from JSONL files written by `self_distill` or in that form."""
+    examples = []
+    for path in paths:
+        examples += [
+            {"prompt_ids": r["prompt_ids"], "response_ids": r["response_ids"]}
+            for r in _read_jsonl(Path(path))
+            if r["response_ids"]
+        ]
+    return examples
+
+
+def frequent_token_ids(examples: list[dict], size: int, vocab_size: int) -> torch.Tensor:
+    """The `size` most frequent response token ids (then the lowest unused ids), sorted: a reduced draft
+    vocabulary `[size]` for `DartDraftModel.from_target(..., draft_to_target_ids=...)`."""
+    counts = Counter(token for example in examples for token in example["response_ids"])
+    chosen = [token for token, _ in counts.most_common(size)]
+    filler = (token for token in range(vocab_size) if token not in set(chosen))
+    chosen += [next(filler) for _ in range(size - len(chosen))]
+    return torch.tensor(sorted(chosen), dtype=torch.long)
+
+
+class DartDataCollator:
+    """Pads examples on the right into `input_ids`, `attention_mask` and `loss_mask` (1 on response tokens).
+    Sequences longer than `max_length` are cut at the end."""
+
+    def __init__(self, pad_token_id: int = 0, max_length: int = 2048):
+        self.pad_token_id = pad_token_id
+        self.max_length = max_length
+
+    def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
+        sequences = [(e["prompt_ids"] + e["response_ids"])[: self.max_length] for e in examples]
+        width = max(len(s) for s in sequences)
+        batch = {
+            "input_ids": torch.full((len(examples), width), self.pad_token_id, dtype=torch.long),
+            "attention_mask": torch.zeros((len(examples), width), dtype=torch.long),
+            "loss_mask": torch.zeros((len(examples), width), dtype=torch.bool),
+        }
+        for row, (example, sequence) in enumerate(zip(examples, sequences)):
+            batch["input_ids"][row, : len(sequence)] = torch.tensor(sequence)
+            batch["attention_mask"][row, : len(sequence)] = 1
+            batch["loss_mask"][row, len(example["prompt_ids"]) : len(sequence)] = True
+        return batch
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").split("\n")
+    records = []
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            break  # a line cut by an interrupted write: everything before it is intact
+    return records
+
+
+def _drop_partial_last_line(path: Path) -> None:
+    """Cut a line left half-written by an interrupted run, so appending starts on a clean line."""
+    if not path.exists():
+        return
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        path.write_bytes(data[: data.rfind(b"\n") + 1])

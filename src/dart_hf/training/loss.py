@@ -1,0 +1,32 @@
+"""The DART objective: gamma-weighted KL(target || draft) over the rows of the prefix-shared layout."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def dart_loss(
+    draft_logits: torch.Tensor,
+    target_logits: torch.Tensor,
+    weights: torch.Tensor,
+    draft_vocab_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The weighted KL(p_target || q_draft) of the supervised rows, per anchor.
+
+    draft_logits: `[N, V_d]`, one row per supervised layout row.
+    target_logits: `[N, V]`, the target's logits for the token each row predicts (soft labels).
+    weights: `[N]`, gamma ** depth for supervised rows, 0 for rows without a valid target.
+    draft_vocab_ids: `[V_d]` target ids of the draft vocabulary (reduced vocabulary): the target distribution is
+        restricted to them and renormalised.
+    Returns the weighted sum divided by the number of rows with weight 1 (depth-0 rows), i.e. the per-anchor sum
+    over depths of SPEC section 6, averaged over anchors.
+    """
+    if draft_vocab_ids is not None:
+        target_logits = target_logits.index_select(-1, draft_vocab_ids)
+    dtype = torch.promote_types(torch.promote_types(draft_logits.dtype, target_logits.dtype), torch.float32)
+    target_log_probs = F.log_softmax(target_logits.to(dtype), dim=-1)
+    draft_log_probs = F.log_softmax(draft_logits.to(dtype), dim=-1)
+    kl = (target_log_probs.exp() * (target_log_probs - draft_log_probs)).sum(dim=-1)
+    anchors = (weights == 1).sum().clamp(min=1)
+    return (weights * kl).sum() / anchors

@@ -1,0 +1,190 @@
+"""Training a DART draft with Hugging Face `Trainer` (one CPU, DDP with torchrun, FSDP / DeepSpeed configs).
+
+The trained model is the draft itself (a `PreTrainedModel`), so checkpoints are `save_pretrained` folders and
+`resume_from_checkpoint` works as usual. The frozen target is held by the trainer and computes the features and
+the soft labels online for every batch: no hidden-state dump is needed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedModel, Trainer
+
+from ..modeling_dart import DartDraftModel
+from .layout import prefix_shared_layout
+from .loss import dart_loss
+
+
+@dataclass
+class DartTrainingArguments:
+    """What DART training adds to `transformers.TrainingArguments`."""
+
+    target: str = field(metadata={"help": "target model: a Hub id or a local folder"})
+    train_files: list[str] = field(
+        default_factory=list,
+        metadata={"help": "JSONL example files ({'prompt_ids', 'response_ids'} per line, e.g. from self-distillation)"},
+    )
+    eval_files: list[str] = field(default_factory=list, metadata={"help": "held-out example files for alpha/tau"})
+    init_draft: str | None = field(default=None, metadata={"help": "start from this draft instead of a fresh one"})
+    gamma: float = field(default=0.6, metadata={"help": "loss weight decay per predicted position (SPEC: 0.6)"})
+    anchors_per_sequence: int = field(
+        default=32, metadata={"help": "mask blocks per sequence (sampled among response positions)"}
+    )
+    max_length: int = field(default=1024, metadata={"help": "longest training sequence (tokens)"})
+    draft_vocab_size: int | None = field(
+        default=None, metadata={"help": "reduced draft vocabulary: the most frequent response tokens"}
+    )
+    feature_norm: bool = field(default=True, metadata={"help": "RMSNorm each target feature layer before fc"})
+    feature_dropout: float = field(default=0.0, metadata={"help": "dropout on the target features"})
+    mask_rep_init_std: float = field(default=1.0, metadata={"help": "initial scale of mask_rep"})
+    early_stopping_patience: int | None = field(
+        default=None, metadata={"help": "stop after this many evaluations without a better held-out chain tau"}
+    )
+
+
+class DartTrainer(Trainer):
+    """`Trainer` whose model is a DART draft bound to `target`; the loss is the prefix-shared gamma-weighted KL.
+
+    Batches come from `DartDataCollator` (`input_ids`, `attention_mask`, `loss_mask`).
+    """
+
+    def __init__(self, *args, target: PreTrainedModel, gamma: float = 0.6, anchors_per_sequence: int = 32, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.target = target.eval().requires_grad_(False)
+        self.gamma = gamma
+        self.anchors_per_sequence = anchors_per_sequence
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        draft = self.accelerator.unwrap_model(model)
+        rows = draft_rows(draft, self.target, inputs, self.anchors_per_sequence, forward=model)
+        weights = torch.where(rows.valid, self.gamma ** rows.depths.to(rows.draft_logits.dtype), 0.0)
+        vocab_ids = draft_vocabulary(draft)
+        loss = dart_loss(rows.draft_logits[rows.valid], rows.target_logits[rows.valid], weights[rows.valid], vocab_ids)
+        return (loss, rows) if return_outputs else loss
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        draft = self.accelerator.unwrap_model(self.model)
+        metrics = evaluate_draft(draft, self.target, dataset, self.data_collator, self.args.per_device_eval_batch_size)
+        metrics = {f"{metric_key_prefix}_{name}": value for name, value in metrics.items()}
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
+
+
+@dataclass
+class DraftRows:
+    """Per layout row, for a batch: draft logits `[B, R, V_d]`, the target's logits for the token the row
+    predicts `[B, R, V]`, that token `[B, R]`, its depth `[B, R]` and whether it is a supervised response token;
+    the anchor rows `[A]` of the mask blocks and the block size."""
+
+    draft_logits: torch.Tensor
+    target_logits: torch.Tensor
+    target_tokens: torch.Tensor
+    depths: torch.Tensor
+    valid: torch.Tensor
+    anchors: torch.Tensor
+    num_masks: int
+
+
+def draft_rows(draft: DartDraftModel, target: PreTrainedModel, batch: dict, num_anchors: int | None, forward=None):
+    """Run the frozen target and the draft (prefix-shared layout) over a batch.
+
+    num_anchors: mask blocks per batch, sampled among positions whose next-but-one token is a response token;
+    None uses every such position. forward: the (possibly DDP-wrapped) draft to call.
+    """
+    forward = forward if forward is not None else draft
+    input_ids, attention_mask, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
+    layers = list(draft.config.feature_layers)
+    with torch.no_grad():
+        outputs = target(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=layers)
+        features = torch.cat([outputs.hidden_states[index] for index in layers], dim=-1)
+        target_logits = outputs.logits
+
+    seq_len = input_ids.shape[1]
+    num_prefix = seq_len - 1  # prefix row j pairs h_j with the embedding of x_{j+1}
+    num_masks = draft.config.draft_length - 1
+    candidates = torch.nonzero(loss_mask[:, 2:].any(dim=0)).flatten()  # j with a response token at j + 2
+    if num_anchors is not None and len(candidates) > num_anchors:
+        candidates = candidates[torch.randperm(len(candidates), device=candidates.device)[:num_anchors]].sort().values
+    layout = prefix_shared_layout(num_prefix, candidates.cpu(), num_masks)
+    device = input_ids.device
+    batch_size = input_ids.shape[0]
+    draft_logits = forward(
+        target_hidden_states=features[:, :num_prefix],
+        input_ids=input_ids[:, 1:],
+        position_ids=layout.position_ids.to(device).expand(batch_size, -1),
+        num_masks=len(candidates) * num_masks,
+        attention_mask=layout.additive_mask(draft.dtype).to(device),
+        logits_to_keep=0,
+    ).logits
+
+    targets = layout.targets.to(device)
+    in_range = targets < seq_len
+    safe = targets.clamp(max=seq_len - 1)
+    valid = in_range & loss_mask[:, safe]
+    return DraftRows(
+        draft_logits=draft_logits,
+        target_logits=target_logits[:, safe - 1],
+        target_tokens=input_ids[:, safe],
+        depths=layout.depths.to(device).expand(batch_size, -1),
+        valid=valid,
+        anchors=candidates,
+        num_masks=num_masks,
+    )
+
+
+def draft_vocabulary(draft: DartDraftModel) -> torch.Tensor | None:
+    """Target ids of the draft vocabulary `[V_d]` when it is reduced, else None."""
+    if draft.config.draft_vocab_size == draft.config.vocab_size:
+        return None
+    return draft.draft_to_target(torch.arange(draft.config.draft_vocab_size, device=draft.d2t.device))
+
+
+@torch.no_grad()
+def evaluate_draft(draft: DartDraftModel, target: PreTrainedModel, dataset, collator, batch_size: int = 8) -> dict:
+    """Held-out agreement of the draft with the target's greedy choice, per predicted position.
+
+    alpha_k: top-1 accuracy at depth k - 1 (k = 1 is the first drafted token), over supervised rows.
+    chain_tau: for every anchor, 1 + the number of leading depths the draft gets right (a chain drafted from the
+    top-1 tokens, verified greedily), averaged: the acceptance length a one-branch tree would reach.
+    """
+    was_training = draft.training
+    draft.eval()
+    num_depths = draft.config.draft_length
+    correct = torch.zeros(num_depths)
+    total = torch.zeros(num_depths)
+    chain_lengths = []
+    for start in range(0, len(dataset), batch_size):
+        batch = collator([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))])
+        batch = {name: tensor.to(draft.device) for name, tensor in batch.items()}
+        rows = draft_rows(draft, target, batch, num_anchors=None)
+        draft_ids = rows.draft_logits.argmax(dim=-1)
+        guess = draft.draft_to_target(draft_ids)
+        hit = (guess == rows.target_logits.argmax(dim=-1)) & rows.valid
+        for depth in range(num_depths):
+            at_depth = rows.depths == depth
+            correct[depth] += (hit & at_depth).sum().item()
+            total[depth] += (rows.valid & at_depth).sum().item()
+        chain_lengths += chain_lengths_of(hit, rows)
+    draft.train(was_training)
+    metrics = {f"alpha_{depth + 1}": float(correct[depth] / total[depth].clamp(min=1)) for depth in range(num_depths)}
+    metrics["chain_tau"] = float(sum(chain_lengths) / max(len(chain_lengths), 1))
+    return metrics
+
+
+def chain_lengths_of(hit: torch.Tensor, rows: DraftRows) -> list[int]:
+    """For every anchor whose real row and whole mask block are supervised: 1 + its count of leading correct
+    depths. hit: `[B, R]` bool."""
+    batch_size, num_blocks = hit.shape[0], len(rows.anchors)
+    num_prefix = hit.shape[1] - num_blocks * rows.num_masks
+    chain_hit = torch.cat(
+        [hit[:, rows.anchors, None], hit[:, num_prefix:].reshape(batch_size, num_blocks, rows.num_masks)], dim=-1
+    )
+    chain_valid = torch.cat(
+        [rows.valid[:, rows.anchors, None], rows.valid[:, num_prefix:].reshape(batch_size, num_blocks, -1)], dim=-1
+    ).all(dim=-1)
+    lengths = 1 + chain_hit.int().cumprod(dim=-1).sum(dim=-1)
+    return lengths[chain_valid].tolist()
