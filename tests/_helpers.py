@@ -48,6 +48,25 @@ def prompts(count: int, seed: int = 0, min_len: int = 3, max_len: int = 20) -> l
     return [torch.randint(1, VOCAB_SIZE, (1, int(n)), generator=generator) for n in lengths]
 
 
+def char_tokenizer():
+    """A character-level tokenizer over the tiny targets' 128-token vocabulary (token i is one character)."""
+    import string
+
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    characters = list(string.ascii_letters + string.digits + string.punctuation + " ")
+    characters += [chr(code) for code in range(0xC0, 0xC0 + 128 - len(characters))]
+    backend = Tokenizer(models.BPE({c: i for i, c in enumerate(characters)}, merges=[]))
+    backend.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=characters[0], pad_token=characters[0])
+    tokenizer.chat_template = (
+        "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
+    return tokenizer
+
+
 class OracleDraft(DartDraftModel):
     """A draft that knows the true continuation: levels < `correct_levels` put it first, the other levels put it
     last (so it can never be in the tree there). Every step then accepts exactly `correct_levels` drafted tokens

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from _helpers import OracleDraft, prompts, tiny_target
+from _helpers import OracleDraft, char_tokenizer, prompts, tiny_target
 from dart_hf import DartDraftModel, dart_generate
 
 NEW_TOKENS = 64
@@ -232,20 +232,6 @@ def test_ngram_pruned_trees_are_lossless(arch, policy):
     assert torch.equal(got, expected) and max(draft.stats.tree_sizes) <= 21
     with pytest.raises(ValueError, match="Unknown tree option"):
         target.generate(prompt, max_new_tokens=4, assistant_model=draft, tree_options={"beam": 3})
-
-
-def char_tokenizer():
-    """A character-level tokenizer over the tiny targets' 128-token vocabulary (token i is one character)."""
-    import string
-
-    from tokenizers import Tokenizer, decoders, models
-    from transformers import PreTrainedTokenizerFast
-
-    characters = list(string.ascii_letters + string.digits + string.punctuation + " ")
-    characters += [chr(code) for code in range(0xC0, 0xC0 + 128 - len(characters))]
-    backend = Tokenizer(models.BPE({c: i for i, c in enumerate(characters)}, merges=[]))
-    backend.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=characters[0], pad_token=characters[0])
 
 
 def test_stop_strings_text_streamer_and_generation_config_objects():

@@ -1,10 +1,16 @@
-"""The `dart-hf` command line. Sub-commands: `build-ngram` (a table from text / JSONL files) and `convert-trie`
-(the reference implementation's `.trie` binary to a dart-hf table)."""
+"""The `dart-hf` command line.
+
+    dart-hf build-ngram    a table from text / JSONL files
+    dart-hf convert-trie   the reference implementation's `.trie` binary to a dart-hf table
+    dart-hf self-distill   regenerate the responses of a prompt set with the target (training data)
+    dart-hf train          train a draft (Trainer arguments; or one JSON / YAML config file)
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,7 +52,88 @@ def convert_trie(args: argparse.Namespace) -> None:
     print(f"wrote {args.output}: {table.describe()}")
 
 
+def self_distill_command(args: argparse.Namespace) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .training.data import load_conversations, self_distill, tokenize_conversation
+
+    tokenizer = AutoTokenizer.from_pretrained(args.target)
+    target = AutoModelForCausalLM.from_pretrained(args.target).eval()
+    prompts = []
+    for path in args.prompts:
+        for messages in load_conversations(path):
+            prompts.append(tokenize_conversation(tokenizer, messages)[0])
+    prompts = prompts[: args.limit] if args.limit else prompts
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    examples = self_distill(target, prompts, args.output, args.max_new_tokens, args.batch_size, pad_token_id=pad)
+    print(f"{args.output}: {len(examples)} examples, {sum(len(e['response_ids']) for e in examples):,} response tokens")
+
+
+def train_command(argv: list[str]) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, EarlyStoppingCallback, HfArgumentParser, TrainingArguments
+
+    from .modeling_dart import DartDraftModel
+    from .training import DartDataCollator, DartTrainer, DartTrainingArguments, load_examples
+    from .training.data import frequent_token_ids
+
+    parser = HfArgumentParser((DartTrainingArguments, TrainingArguments), prog="dart-hf train")
+    if len(argv) == 1 and argv[0].endswith(".json"):
+        dart_args, training_args = parser.parse_json_file(argv[0])
+    elif len(argv) == 1 and argv[0].endswith((".yaml", ".yml")):
+        dart_args, training_args = parser.parse_yaml_file(argv[0])
+    else:
+        dart_args, training_args = parser.parse_args_into_dataclasses(argv)
+    training_args.remove_unused_columns = False  # the collator's loss_mask is not a forward() argument
+
+    target = AutoModelForCausalLM.from_pretrained(dart_args.target, dtype=torch.float32).eval()
+    train_examples = load_examples(dart_args.train_files)
+    eval_examples = load_examples(dart_args.eval_files) or None
+    if not train_examples:
+        raise ValueError("No training examples: pass --train_files with JSONL files from `dart-hf self-distill`.")
+    if dart_args.init_draft:
+        draft = DartDraftModel.from_pretrained(dart_args.init_draft, target=target)
+    else:
+        vocab_size = target.config.get_text_config().vocab_size
+        reduced = dart_args.draft_vocab_size is not None and dart_args.draft_vocab_size < vocab_size
+        draft = DartDraftModel.from_target(
+            target,
+            feature_norm=dart_args.feature_norm,
+            feature_dropout=dart_args.feature_dropout,
+            mask_rep_init_std=dart_args.mask_rep_init_std,
+            draft_vocab_size=dart_args.draft_vocab_size if reduced else vocab_size,
+            draft_to_target_ids=frequent_token_ids(train_examples, dart_args.draft_vocab_size, vocab_size)
+            if reduced
+            else None,
+        )
+    callbacks = []
+    if dart_args.early_stopping_patience is not None:
+        training_args.metric_for_best_model = "chain_tau"
+        training_args.greater_is_better = True
+        training_args.load_best_model_at_end = True
+        callbacks.append(EarlyStoppingCallback(early_stopping_patience=dart_args.early_stopping_patience))
+    pad = target.generation_config.pad_token_id
+    trainer = DartTrainer(
+        model=draft.train(),
+        args=training_args,
+        train_dataset=train_examples,
+        eval_dataset=eval_examples,
+        data_collator=DartDataCollator(pad_token_id=pad if isinstance(pad, int) else 0, max_length=dart_args.max_length),
+        callbacks=callbacks,
+        target=target,
+        gamma=dart_args.gamma,
+        anchors_per_sequence=dart_args.anchors_per_sequence,
+    )
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.save_model(training_args.output_dir)
+    if eval_examples:
+        print(trainer.evaluate())
+
+
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "train":  # Trainer's own arguments: parsed by HfArgumentParser
+        return train_command(argv[1:])
     parser = argparse.ArgumentParser(prog="dart-hf", description="DART speculative decoding for Transformers.")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -65,6 +152,17 @@ def main(argv: list[str] | None = None) -> None:
     convert.add_argument("--vocab-size", type=int, required=True, help="the target tokenizer's vocabulary size")
     convert.add_argument("--output", type=Path, default=Path("ngram.safetensors"))
     convert.set_defaults(handler=convert_trie)
+
+    distill = commands.add_parser("self-distill", help="regenerate the responses of a prompt set with the target")
+    distill.add_argument("--target", required=True, help="target model: a Hub id or a local folder")
+    distill.add_argument("prompts", nargs="+", type=Path, help="conversation files (JSON / JSONL)")
+    distill.add_argument("--output", type=Path, required=True, help="JSONL file to append examples to (resumable)")
+    distill.add_argument("--max-new-tokens", type=int, default=256)
+    distill.add_argument("--batch-size", type=int, default=16)
+    distill.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    distill.set_defaults(handler=self_distill_command)
+
+    commands.add_parser("train", help="train a draft; `dart-hf train --help` lists every argument", add_help=False)
 
     args = parser.parse_args(argv)
     args.handler(args)

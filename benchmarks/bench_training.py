@@ -1,0 +1,88 @@
+"""Training throughput of `DartTrainer` on this machine for a target shaped like SmolLM2-135M.
+
+The target has SmolLM2-135M's architecture (Llama, 30 layers, hidden 576, 9 / 3 heads, 49,152-token vocabulary)
+with random weights: the cost of a step does not depend on the weights. Sequences are 64 prompt + 192 response
+tokens; the draft uses a reduced 8,192-token vocabulary and 32 sampled anchors per batch (SPEC section 6).
+
+    python benchmarks/bench_training.py [--steps 12] [--batch-size 4] [--out benchmarks/results/training.json]
+"""
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, TrainerCallback, TrainingArguments
+
+from dart_hf import DartDraftModel
+from dart_hf.training import DartDataCollator, DartTrainer
+
+
+class StepTimer(TrainerCallback):
+    def __init__(self):
+        self.times = []
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.times.append(time.perf_counter() - self.start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--anchors", type=int, default=32)
+    parser.add_argument("--draft-vocab", type=int, default=8192)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+        num_key_value_heads=3, tie_word_embeddings=True, max_position_embeddings=8192, rope_theta=100000.0,
+    )
+    target = LlamaForCausalLM(config).eval()
+    draft = DartDraftModel.from_target(
+        target, feature_norm=True, draft_vocab_size=args.draft_vocab, draft_to_target_ids=torch.arange(args.draft_vocab)
+    ).train()
+    examples = [
+        {"prompt_ids": torch.randint(0, 49152, (64,)).tolist(), "response_ids": torch.randint(0, 49152, (192,)).tolist()}
+        for _ in range(args.batch_size * args.steps)
+    ]
+    timer = StepTimer()
+    trainer = DartTrainer(
+        model=draft,
+        args=TrainingArguments(
+            output_dir="/tmp/dart-bench-training", per_device_train_batch_size=args.batch_size, max_steps=args.steps,
+            report_to=[], remove_unused_columns=False, use_cpu=True, save_strategy="no", disable_tqdm=True,
+            logging_steps=args.steps,
+        ),
+        train_dataset=examples, data_collator=DartDataCollator(), callbacks=[timer], target=target,
+        anchors_per_sequence=args.anchors,
+    )
+    trainer.train()
+    steady = sorted(timer.times[2:])  # the first steps include one-time setup
+    median = steady[len(steady) // 2]
+    tokens = args.batch_size * 256
+    results = {
+        "torch_threads": torch.get_num_threads(),
+        "batch_size": args.batch_size,
+        "sequence_tokens": 256,
+        "response_tokens": 192,
+        "anchors_per_batch": args.anchors,
+        "draft_vocab": args.draft_vocab,
+        "step_seconds_median": median,
+        "tokens_per_second": tokens / median,
+        "response_tokens_per_second": args.batch_size * 192 / median,
+        "sequences_per_second": args.batch_size / median,
+    }
+    print(json.dumps(results, indent=2))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""`dart-hf self-distill` and `dart-hf train` end to end, and training under torchrun (DDP, 2 CPU ranks)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from _helpers import char_tokenizer, prompts, tiny_target
+from dart_hf import DartDraftModel
+from dart_hf.cli import main
+from dart_hf.training import load_examples, self_distill
+
+
+def test_self_distill_and_train_commands(tmp_path):
+    target = tiny_target("llama", seed=7)
+    target.save_pretrained(tmp_path / "target")
+    char_tokenizer().save_pretrained(tmp_path / "target")
+    conversations = [{"messages": [{"role": "user", "content": f"say {word}"}]} for word in "abcdefghij"]
+    (tmp_path / "prompts.jsonl").write_text("\n".join(json.dumps(c) for c in conversations) + "\n")
+    common = ["self-distill", "--target", str(tmp_path / "target"), str(tmp_path / "prompts.jsonl"),
+              "--output", str(tmp_path / "train.jsonl"), "--max-new-tokens", "24", "--batch-size", "4"]
+    main(common + ["--limit", "6"])
+    assert len(load_examples([tmp_path / "train.jsonl"])) == 6
+    main(common)  # resumes: only the 4 missing prompts are generated
+    lines = (tmp_path / "train.jsonl").read_text().strip().split("\n")
+    assert len(lines) == 10 and sorted(json.loads(line)["id"] for line in lines) == list(range(10))
+
+    config = {
+        "target": str(tmp_path / "target"), "train_files": [str(tmp_path / "train.jsonl")],
+        "eval_files": [str(tmp_path / "train.jsonl")], "output_dir": str(tmp_path / "draft"), "max_steps": 6,
+        "per_device_train_batch_size": 4, "learning_rate": 1e-3, "report_to": "none", "use_cpu": True,
+        "eval_strategy": "steps", "eval_steps": 3, "save_steps": 3, "early_stopping_patience": 5,
+        "draft_vocab_size": 64,
+    }
+    (tmp_path / "train.json").write_text(json.dumps(config))
+    main(["train", str(tmp_path / "train.json")])
+    draft = DartDraftModel.from_pretrained(tmp_path / "draft", target=target)
+    assert draft.config.draft_vocab_size == 64 and draft.config.feature_norm
+    prompt = prompts(1)[0]
+    assert torch.equal(target.generate(prompt, max_new_tokens=24, assistant_model=draft),
+                       target.generate(prompt, max_new_tokens=24, do_sample=False))
+
+
+def test_torchrun_two_ranks_agree_on_the_weights(tmp_path):
+    target = tiny_target("llama", seed=7)
+    self_distill(target, [p[0].tolist() for p in prompts(16, seed=3)], tmp_path / "train.jsonl",
+                 max_new_tokens=24, progress=False)
+    script = Path(__file__).parent / "ddp_train.py"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
+         str(script), str(tmp_path), str(tmp_path / "train.jsonl")],
+        capture_output=True, text=True, env=env, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert ranks[0]["world"] == ranks[1]["world"] == 2
+    assert ranks[0]["checksums"] == ranks[1]["checksums"]
+    torch.manual_seed(0)
+    initial = DartDraftModel.from_target(target, feature_norm=True)  # the ranks' starting point
+    assert ranks[0]["checksums"]["fc.weight"] != float(initial.fc.weight.detach().double().sum())  # it trained
+    assert len(ranks[0]["losses"]) == 5
