@@ -28,8 +28,11 @@ def test_self_distill_and_train_commands(tmp_path):
     lines = (tmp_path / "train.jsonl").read_text().strip().split("\n")
     assert len(lines) == 10 and sorted(json.loads(line)["id"] for line in lines) == list(range(10))
 
+    replies = [{"prompt": f"repeat {w}", "response": w * 5} for w in "klmnopqrst"]
+    (tmp_path / "replies.json").write_text(json.dumps(replies))
     config = {
         "target": str(tmp_path / "target"), "train_files": [str(tmp_path / "train.jsonl")],
+        "existing_files": [str(tmp_path / "replies.json")], "existing_ratio": 0.5,
         "eval_files": [str(tmp_path / "train.jsonl")], "output_dir": str(tmp_path / "draft"), "max_steps": 6,
         "per_device_train_batch_size": 4, "learning_rate": 1e-3, "report_to": "none", "use_cpu": True,
         "eval_strategy": "steps", "eval_steps": 3, "save_steps": 3, "early_stopping_patience": 5,

@@ -75,7 +75,7 @@ def train_command(argv: list[str]) -> None:
 
     from .modeling_dart import DartDraftModel
     from .training import DartDataCollator, DartTrainer, DartTrainingArguments, load_examples
-    from .training.data import frequent_token_ids
+    from .training.data import conversation_examples, frequent_token_ids, load_conversations, mix_examples
 
     parser = HfArgumentParser((DartTrainingArguments, TrainingArguments), prog="dart-hf train")
     if len(argv) == 1 and argv[0].endswith(".json"):
@@ -88,9 +88,19 @@ def train_command(argv: list[str]) -> None:
 
     target = AutoModelForCausalLM.from_pretrained(dart_args.target, dtype=torch.float32).eval()
     train_examples = load_examples(dart_args.train_files)
+    if dart_args.existing_files:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(dart_args.target)
+        conversations = [c for path in dart_args.existing_files for c in load_conversations(path)]
+        existing = conversation_examples(tokenizer, conversations)
+        train_examples = mix_examples(train_examples, existing, dart_args.existing_ratio, seed=training_args.seed)
     eval_examples = load_examples(dart_args.eval_files) or None
     if not train_examples:
-        raise ValueError("No training examples: pass --train_files with JSONL files from `dart-hf self-distill`.")
+        raise ValueError(
+            "No training examples: pass --train_files (JSONL from `dart-hf self-distill`) and/or --existing_files "
+            "(conversations with assistant replies)."
+        )
     if dart_args.init_draft:
         draft = DartDraftModel.from_pretrained(dart_args.init_draft, target=target)
     else:

@@ -1,6 +1,14 @@
 """Training DART drafts: data (prompts, self-distillation), the prefix-shared layout, the loss, the Trainer."""
 
-from .data import DartDataCollator, load_conversations, load_examples, self_distill, tokenize_conversation
+from .data import (
+    DartDataCollator,
+    conversation_examples,
+    load_conversations,
+    load_examples,
+    mix_examples,
+    self_distill,
+    tokenize_conversation,
+)
 from .layout import PrefixSharedLayout, prefix_shared_layout
 from .loss import dart_loss
 from .trainer import DartTrainer, DartTrainingArguments, evaluate_draft
@@ -9,11 +17,13 @@ __all__ = [
     "DartDataCollator",
     "DartTrainer",
     "DartTrainingArguments",
+    "conversation_examples",
     "PrefixSharedLayout",
     "dart_loss",
     "evaluate_draft",
     "load_conversations",
     "load_examples",
+    "mix_examples",
     "prefix_shared_layout",
     "self_distill",
     "tokenize_conversation",

@@ -26,6 +26,13 @@ class DartTrainingArguments:
         default_factory=list,
         metadata={"help": "JSONL example files ({'prompt_ids', 'response_ids'} per line, e.g. from self-distillation)"},
     )
+    existing_files: list[str] = field(
+        default_factory=list,
+        metadata={"help": "conversation files whose assistant replies are used as they are (teacher-labelled)"},
+    )
+    existing_ratio: float = field(
+        default=1.0, metadata={"help": "existing-reply examples per self-distilled example (a mixing ratio)"}
+    )
     eval_files: list[str] = field(default_factory=list, metadata={"help": "held-out example files for alpha/tau"})
     init_draft: str | None = field(default=None, metadata={"help": "start from this draft instead of a fresh one"})
     gamma: float = field(default=0.6, metadata={"help": "loss weight decay per predicted position (SPEC: 0.6)"})
