@@ -19,7 +19,11 @@ from tqdm.auto import tqdm
 def load_conversations(path: str | os.PathLike, limit: int | None = None) -> list[list[dict]]:
     """Read conversations as lists of `{"role", "content"}` messages. Accepted records: `{"messages": [...]}`,
     ShareGPT `{"conversations": [{"from", "value"}]}`, Alpaca `{"instruction", "input", "output"}`, and
-    `{"prompt", "response"}`; a file is a JSON list or JSONL (one record per line)."""
+    `{"prompt", "response"}`; a file is a JSON list or JSONL (one record per line). A path that is not a file is
+    read as a Hugging Face `datasets` name (`name` or `name:split`, default split "train") when `datasets` is
+    installed."""
+    if not Path(path).is_file():
+        return _dataset_conversations(str(path), limit)
     text = Path(path).read_text(encoding="utf-8")
     if text.lstrip().startswith("["):
         records = json.loads(text)
@@ -31,6 +35,20 @@ def load_conversations(path: str | os.PathLike, limit: int | None = None) -> lis
         if limit is not None and len(conversations) == limit:
             break
     return conversations
+
+
+def _dataset_conversations(name: str, limit: int | None) -> list[list[dict]]:
+    try:
+        import datasets
+    except ImportError:
+        raise FileNotFoundError(
+            f"{name} is not a file, and the `datasets` package that could load it as a dataset is not installed."
+        ) from None
+    dataset_name, _, split = name.partition(":")
+    records = datasets.load_dataset(dataset_name, split=split or "train")
+    if limit is not None:
+        records = records.select(range(min(limit, len(records))))
+    return [_messages(dict(record), f"{name} record {number}") for number, record in enumerate(records)]
 
 
 def _messages(record: dict, where: str) -> list[dict]:

@@ -62,6 +62,7 @@ class DartTrainer(Trainer):
         self.target = target.eval().requires_grad_(False)
         self.gamma = gamma
         self.anchors_per_sequence = anchors_per_sequence
+        self._hits = self._counts = None  # top-1 agreement per depth since the last log, for the progress logs
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         draft = self.accelerator.unwrap_model(model)
@@ -69,7 +70,28 @@ class DartTrainer(Trainer):
         weights = torch.where(rows.valid, self.gamma ** rows.depths.to(rows.draft_logits.dtype), 0.0)
         vocab_ids = draft_vocabulary(draft)
         loss = dart_loss(rows.draft_logits[rows.valid], rows.target_logits[rows.valid], weights[rows.valid], vocab_ids)
+        if model.training:
+            self._count_agreement(draft, rows)
         return (loss, rows) if return_outputs else loss
+
+    @torch.no_grad()
+    def _count_agreement(self, draft: DartDraftModel, rows: "DraftRows") -> None:
+        num_depths = draft.config.draft_length
+        hit = (draft.draft_to_target(rows.draft_logits.argmax(dim=-1)) == rows.target_logits.argmax(dim=-1)) & rows.valid
+        depth_index = rows.depths.clamp(max=num_depths - 1)
+        hits = torch.zeros(num_depths).index_add_(0, depth_index[hit].cpu(), torch.ones(int(hit.sum())))
+        counts = torch.zeros(num_depths).index_add_(0, depth_index[rows.valid].cpu(), torch.ones(int(rows.valid.sum())))
+        self._hits = hits if self._hits is None else self._hits + hits
+        self._counts = counts if self._counts is None else self._counts + counts
+
+    def log(self, logs: dict[str, float], *args, **kwargs) -> None:
+        """Add the training rows' top-1 agreement per drafted position (train_alpha_k) to the loss logs."""
+        if "loss" in logs and self._counts is not None:
+            for depth, (hits, count) in enumerate(zip(self._hits.tolist(), self._counts.tolist())):
+                if count:
+                    logs[f"train_alpha_{depth + 1}"] = round(hits / count, 4)
+            self._hits = self._counts = None
+        super().log(logs, *args, **kwargs)
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
