@@ -4,6 +4,7 @@
     dart-hf convert-trie   the reference implementation's `.trie` binary to a dart-hf table
     dart-hf self-distill   regenerate the responses of a prompt set with the target (training data)
     dart-hf train          train a draft (Trainer arguments; or one JSON / YAML config file)
+    dart-hf bench          DART against vanilla generate and prompt lookup on the packaged prompt sets
 """
 
 from __future__ import annotations
@@ -53,16 +54,15 @@ def convert_trie(args: argparse.Namespace) -> None:
 
 
 def self_distill_command(args: argparse.Namespace) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    from .prompts import training_prompts
     from .training.data import load_conversations, self_distill, tokenize_conversation
+    from .zoo import load_target
 
-    tokenizer = AutoTokenizer.from_pretrained(args.target)
-    target = AutoModelForCausalLM.from_pretrained(args.target).eval()
-    prompts = []
-    for path in args.prompts:
-        for messages in load_conversations(path):
-            prompts.append(tokenize_conversation(tokenizer, messages)[0])
+    target, tokenizer = load_target(args.target)
+    conversations = [messages for path in args.prompts for messages in load_conversations(path)]
+    if args.prompt_set:
+        conversations += [[{"role": "user", "content": text}] for text in training_prompts(args.prompt_set)]
+    prompts = [tokenize_conversation(tokenizer, messages)[0] for messages in conversations]
     prompts = prompts[: args.limit] if args.limit else prompts
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     examples = self_distill(target, prompts, args.output, args.max_new_tokens, args.batch_size, pad_token_id=pad)
@@ -71,11 +71,12 @@ def self_distill_command(args: argparse.Namespace) -> None:
 
 def train_command(argv: list[str]) -> None:
     import torch
-    from transformers import AutoModelForCausalLM, EarlyStoppingCallback, HfArgumentParser, TrainingArguments
+    from transformers import EarlyStoppingCallback, HfArgumentParser, TrainingArguments
 
     from .modeling_dart import DartDraftModel
     from .training import DartDataCollator, DartTrainer, DartTrainingArguments, load_examples
     from .training.data import conversation_examples, frequent_token_ids, load_conversations, mix_examples
+    from .zoo import load_target
 
     parser = HfArgumentParser((DartTrainingArguments, TrainingArguments), prog="dart-hf train")
     if len(argv) == 1 and argv[0].endswith(".json"):
@@ -86,12 +87,9 @@ def train_command(argv: list[str]) -> None:
         dart_args, training_args = parser.parse_args_into_dataclasses(argv)
     training_args.remove_unused_columns = False  # the collator's loss_mask is not a forward() argument
 
-    target = AutoModelForCausalLM.from_pretrained(dart_args.target, dtype=torch.float32).eval()
+    target, tokenizer = load_target(dart_args.target, dtype=torch.float32)
     train_examples = load_examples(dart_args.train_files)
     if dart_args.existing_files:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(dart_args.target)
         conversations = [c for path in dart_args.existing_files for c in load_conversations(path)]
         existing = conversation_examples(tokenizer, conversations)
         train_examples = mix_examples(train_examples, existing, dart_args.existing_ratio, seed=training_args.seed)
@@ -144,6 +142,10 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "train":  # Trainer's own arguments: parsed by HfArgumentParser
         return train_command(argv[1:])
+    if argv and argv[0] == "bench":
+        from .bench import main as bench_main
+
+        return bench_main(argv[1:])
     parser = argparse.ArgumentParser(prog="dart-hf", description="DART speculative decoding for Transformers.")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -164,8 +166,12 @@ def main(argv: list[str] | None = None) -> None:
     convert.set_defaults(handler=convert_trie)
 
     distill = commands.add_parser("self-distill", help="regenerate the responses of a prompt set with the target")
-    distill.add_argument("--target", required=True, help="target model: a Hub id or a local folder")
-    distill.add_argument("prompts", nargs="+", type=Path, help="conversation files (JSON / JSONL)")
+    distill.add_argument("--target", required=True, help="target: a zoo name (smollm2-135m-instruct), Hub id or folder")
+    distill.add_argument("prompts", nargs="*", type=Path, help="conversation files (JSON / JSONL)")
+    distill.add_argument(
+        "--prompt-set", action="append", default=[],
+        help="a training prompt set shipped on PyPI (alpaca-demo, chitchat), deduplicated against the benchmarks",
+    )
     distill.add_argument("--output", type=Path, required=True, help="JSONL file to append examples to (resumable)")
     distill.add_argument("--max-new-tokens", type=int, default=256)
     distill.add_argument("--batch-size", type=int, default=16)
@@ -173,6 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     distill.set_defaults(handler=self_distill_command)
 
     commands.add_parser("train", help="train a draft; `dart-hf train --help` lists every argument", add_help=False)
+    commands.add_parser("bench", help="benchmark DART against vanilla generate; `dart-hf bench --help`", add_help=False)
 
     args = parser.parse_args(argv)
     args.handler(args)

