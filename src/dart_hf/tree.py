@@ -15,6 +15,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from .kernels.tree_mask import ancestor_matrix
 from .ngram import NgramTable
 
 
@@ -45,15 +46,7 @@ class Tree:
 
     def ancestor_mask(self) -> torch.Tensor:
         """`[N + 1, N + 1]` bool: entry (i, j) is True when node j is node i or one of its ancestors."""
-        size = len(self)
-        mask = torch.eye(size, dtype=torch.bool)
-        rows = torch.arange(size)
-        ancestor = self.parents.clone()
-        for _ in range(int(self.depths.max())):
-            has_ancestor = ancestor >= 0
-            mask[rows[has_ancestor], ancestor[has_ancestor]] = True
-            ancestor = torch.where(has_ancestor, self.parents[ancestor.clamp(min=0)], ancestor)
-        return mask
+        return ancestor_matrix(self.parents)
 
     def children(self) -> list[dict[int, int]]:
         """For each node, its children as {token: node index} (the first node wins for a repeated token)."""

@@ -11,17 +11,14 @@ import torch
 from transformers import LogitsProcessorList, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
 
+from . import kernels
 from .tree import Tree
 
 
 def tree_attention_mask(tree: Tree, past_len: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Additive float mask `[1, 1, N + 1, past_len + N + 1]`: every node sees the whole prefix, its ancestors and
     itself. It must be float in the model dtype: eager attention adds a bool mask as 0/1 (silently wrong)."""
-    size = len(tree)
-    mask = torch.full((size, past_len + size), torch.finfo(dtype).min, dtype=dtype, device=device)
-    mask[:, :past_len] = 0
-    mask[:, past_len:].masked_fill_(tree.ancestor_mask().to(device), 0)
-    return mask.view(1, 1, size, past_len + size)
+    return kernels.tree_mask(tree.parents.to(device), past_len, dtype)
 
 
 @torch.no_grad()
@@ -126,10 +123,12 @@ def compact_cache(cache: Cache, past_len: int, path: list[int]) -> None:
     """
     new_len = past_len + len(path)
     device = cache.layers[0].keys.device
-    source = torch.tensor(path, dtype=torch.long, device=device) + past_len
+    kernels.compact_kv(
+        [tensor for layer in cache.layers for tensor in (layer.keys, layer.values)],
+        past_len,
+        torch.tensor(path, dtype=torch.long, device=device),
+    )
     for layer in cache.layers:
-        layer.keys[:, :, past_len:new_len] = layer.keys.index_select(2, source)
-        layer.values[:, :, past_len:new_len] = layer.values.index_select(2, source)
         layer.keys = layer.keys[:, :, :new_len]
         layer.values = layer.values[:, :, :new_len]
         if isinstance(layer, DynamicSlidingWindowLayer):
