@@ -68,3 +68,40 @@ def test_dispatch_modes(monkeypatch):
     monkeypatch.setenv("DART_HF_KERNELS", "fast")
     with pytest.raises(ValueError, match="must be 'auto', 'triton' or 'torch'"):
         dispatch.use_triton(torch.device("cpu"))
+
+
+@pytest.mark.parametrize("size,past_len,heads,kv_heads,dtype", [
+    (1, 0, 2, 2, torch.float32), (9, 5, 4, 2, torch.float32), (61, 300, 4, 1, torch.float32),
+    (33, 64, 2, 2, torch.float16),
+])
+def test_tree_attention_kernel_equals_torch(size, past_len, heads, kv_heads, dtype):
+    from dart_hf.kernels.tree_attention import (
+        TreeAttentionMetadata, tree_attention_torch, tree_attention_triton, unpack_bits,
+    )
+    from dart_hf.kernels.tree_mask import ancestor_matrix
+
+    generator = torch.Generator().manual_seed(size)
+    parents = random_parents(size, generator)
+    tree = TreeAttentionMetadata.from_parents(parents, past_len)
+    assert torch.equal(unpack_bits(tree.ancestor_bits, size), ancestor_matrix(parents))
+    query = torch.randn(1, heads, size, 16, generator=generator).to(dtype)
+    key = torch.randn(1, kv_heads, past_len + size, 16, generator=generator).to(dtype)
+    value = torch.randn(1, kv_heads, past_len + size, 16, generator=generator).to(dtype)
+    expected = tree_attention_torch(query.float(), key.float(), value.float(), tree, 0.25)
+    got = tree_attention_triton(query, key, value, tree, 0.25)
+    torch.testing.assert_close(got.float(), expected, rtol=0, atol=1e-5 if dtype == torch.float32 else 2e-3)
+
+
+def test_dart_tree_attention_implementation_is_lossless_end_to_end(monkeypatch):
+    """A stock model loaded with attn_implementation="dart_tree": vanilla and DART (tree attention in Triton)
+    give the tokens of the sdpa model."""
+    monkeypatch.setenv("DART_HF_KERNELS", "triton")
+    reference = tiny_target("qwen3", dtype=torch.float32, seed=5)
+    target = tiny_target("qwen3", dtype=torch.float32, seed=5, attn="dart_tree")
+    draft = OracleDraft.from_target(target)
+    prompt = prompts(1, seed=6)[0]
+    expected = reference.generate(prompt, max_new_tokens=24, do_sample=False)
+    assert torch.equal(target.generate(prompt, max_new_tokens=24, do_sample=False), expected)
+    draft.set_reference(reference.generate(prompt, max_new_tokens=40, do_sample=False), correct_levels=3)
+    assert torch.equal(target.generate(prompt, max_new_tokens=24, assistant_model=draft), expected)
+    assert draft.stats.tau == 4

@@ -31,13 +31,16 @@ def forward_tree(
     """
     device = target.device
     past_len = cache.get_seq_length()
+    attention = {"attention_mask": tree_attention_mask(tree, past_len, target.dtype, device)}
+    if target.config._attn_implementation == "dart_tree":  # the tree travels as packed bits, no dense mask
+        attention = {"dart_tree": kernels.TreeAttentionMetadata.from_parents(tree.parents.to(device), past_len)}
     outputs = target(
         input_ids=tree.tokens.to(device).unsqueeze(0),
         position_ids=(tree.depths.to(device) + past_len).unsqueeze(0),
-        attention_mask=tree_attention_mask(tree, past_len, target.dtype, device),
         cache=cache,
         use_cache=True,
         output_hidden_states=feature_layers,
+        **attention,
     )
     features = torch.cat([outputs.hidden_states[index] for index in feature_layers], dim=-1)
     return outputs.logits[0], features[0]
