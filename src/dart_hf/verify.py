@@ -31,9 +31,10 @@ def forward_tree(
     """
     device = target.device
     past_len = cache.get_seq_length()
-    attention = {"attention_mask": tree_attention_mask(tree, past_len, target.dtype, device)}
     if target.config._attn_implementation == "dart_tree":  # the tree travels as packed bits, no dense mask
         attention = {"dart_tree": kernels.TreeAttentionMetadata.from_parents(tree.parents.to(device), past_len)}
+    else:
+        attention = {"attention_mask": tree_attention_mask(tree, past_len, target.dtype, device)}
     outputs = target(
         input_ids=tree.tokens.to(device).unsqueeze(0),
         position_ids=(tree.depths.to(device) + past_len).unsqueeze(0),
