@@ -42,6 +42,7 @@ def test_kv_compaction_kernel_equals_torch(seed):
     past_len, tree_size = 17, 61
     path = torch.cat([torch.tensor([0]), torch.randperm(tree_size - 1, generator=generator)[:7].sort().values + 1])
     tensors = [torch.randn(1, 3, past_len + tree_size, 16, generator=generator) for _ in range(4)]
+    tensors.append(torch.randn(2, 1, past_len + tree_size + 3, 8, generator=generator).double())  # another group
     expected = [t.clone() for t in tensors]
     compact_kv_torch(expected, past_len, path)
     compact_kv_triton(tensors, past_len, path)

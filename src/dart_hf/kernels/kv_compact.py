@@ -19,17 +19,27 @@ def compact_kv_torch(tensors: list[torch.Tensor], past_len: int, path: torch.Ten
 
 
 def compact_kv_triton(tensors: list[torch.Tensor], past_len: int, path: torch.Tensor) -> None:
-    """The same copy with Triton: one launch per tensor, one program per (batch, head) row."""
+    """The same copy with Triton, in ONE launch for all tensors (every layer's keys and values): a table of the
+    tensors' addresses, one program per (tensor, batch, head) row. The tensors must share shape, strides and dtype
+    (a full-attention DynamicCache does); otherwise each group of equal tensors gets its own launch."""
     import triton
+    import triton.language as tl
 
-    path = path.to(device=tensors[0].device, dtype=torch.int64).contiguous()
+    element = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16,
+               torch.float64: tl.float64}
+    device = tensors[0].device
+    path = path.to(device=device, dtype=torch.int64).contiguous()
+    groups: dict[tuple, list[torch.Tensor]] = {}
     for tensor in tensors:
-        batch, heads, _, head_dim = tensor.shape
         if tensor.stride(-1) != 1:
             raise ValueError("compact_kv_triton needs the last dimension of the cache contiguous.")
-        _kv_compact_kernel()[(batch * heads,)](
-            tensor, path, past_len, path.shape[0], heads, tensor.stride(0), tensor.stride(1), tensor.stride(2),
-            head_dim, BLOCK=triton.next_power_of_2(head_dim),
+        groups.setdefault((tuple(tensor.shape), tensor.stride(), tensor.dtype), []).append(tensor)
+    for (shape, strides, dtype), group in groups.items():
+        batch, heads, _, head_dim = shape
+        table = torch.tensor([t.data_ptr() for t in group], dtype=torch.int64, device=device)
+        _kv_compact_kernel()[(len(group) * batch * heads,)](
+            table, path, past_len, path.shape[0], batch * heads, heads, strides[0], strides[1], strides[2],
+            head_dim, ELEMENT=element[dtype], BLOCK=triton.next_power_of_2(head_dim),
         )
 
 
@@ -43,15 +53,18 @@ def _kv_compact_kernel():
         import triton.language as tl
 
         @triton.jit
-        def kernel(cache_ptr, path_ptr, past_len, num_kept, heads, stride_b, stride_h, stride_t, head_dim,
-                   BLOCK: tl.constexpr):
+        def kernel(table_ptr, path_ptr, past_len, num_kept, rows_per_tensor, heads, stride_b, stride_h, stride_t,
+                   head_dim, ELEMENT: tl.constexpr, BLOCK: tl.constexpr):
             program = tl.program_id(0)
-            base = cache_ptr + (program // heads) * stride_b + (program % heads) * stride_h
+            tensor = program // rows_per_tensor
+            row = program % rows_per_tensor
+            cache_ptr = tl.load(table_ptr + tensor).to(tl.pointer_type(ELEMENT))
+            base = cache_ptr + (row // heads) * stride_b + (row % heads) * stride_h
             columns = tl.arange(0, BLOCK)
-            for j in range(0, num_kept):
+            for j in range(0, num_kept):  # increasing j: a row is read before anything overwrites it
                 source = past_len + tl.load(path_ptr + j)
-                row = tl.load(base + source * stride_t + columns, mask=columns < head_dim)
-                tl.store(base + (past_len + j) * stride_t + columns, row, mask=columns < head_dim)
+                values = tl.load(base + source * stride_t + columns, mask=columns < head_dim)
+                tl.store(base + (past_len + j) * stride_t + columns, values, mask=columns < head_dim)
 
         _KERNEL = kernel
     return _KERNEL
