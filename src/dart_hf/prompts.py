@@ -87,9 +87,13 @@ def load_prompts(name: str, limit: int | None = None) -> list[str]:
     """The prompts of a set in `PROMPT_SETS`, in the set's order (the first `limit`)."""
     if name not in PROMPT_SETS:
         raise ValueError(f"Unknown prompt set {name!r}; known: {sorted(PROMPT_SETS)}.")
-    prompt_set = PROMPT_SETS[name]
-    prompts = prompt_set.read(_read_member(prompt_set.requirement, prompt_set.member))
+    prompts = PROMPT_SETS[name].read(read_set_file(name))
     return prompts[:limit] if limit is not None else prompts
+
+
+def read_set_file(name: str) -> bytes:
+    """The raw file of a prompt set (for records beyond the prompt, e.g. the replies of the Alpaca demo set)."""
+    return _read_member(PROMPT_SETS[name].requirement, PROMPT_SETS[name].member)
 
 
 def training_prompts(names: list[str], limit_per_set: int | None = None) -> list[str]:
