@@ -1,6 +1,5 @@
 """The benchmark harness on a tiny target: every method runs, DART is checked against vanilla, files are written."""
 
-import torch
 
 import dart_hf.bench as bench
 from _helpers import char_tokenizer, tiny_target

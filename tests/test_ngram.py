@@ -158,7 +158,7 @@ def test_trie_conversion_equals_direct_build(tmp_path, seed):
 
 
 def test_draft_carries_its_ngram_locally_and_from_an_offline_hub_cache(tmp_path):
-    from _helpers import prompts, tiny_target
+    from _helpers import tiny_target
     from dart_hf import DartDraftModel
 
     target = tiny_target("llama")

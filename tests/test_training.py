@@ -1,6 +1,5 @@
 """Training: the prefix-shared layout, the loss alignment, and end-to-end training with Trainer."""
 
-import math
 
 import pytest
 import torch
