@@ -11,7 +11,6 @@ compaction (torch vs Triton); the draft forward; the tree search. Medians of CUD
 
 import argparse
 import copy
-import json
 import os
 import statistics
 import sys
@@ -24,6 +23,7 @@ if "--tiny" in sys.argv:  # Triton's interpreter must be chosen before triton is
 import torch  # noqa: E402
 from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
+from _common import report  # noqa: E402
 from dart_hf import BeamSearchTreePolicy, DartDraftModel  # noqa: E402
 from dart_hf.kernels.kv_compact import compact_kv_torch, compact_kv_triton  # noqa: E402
 from dart_hf.kernels.tree_mask import tree_mask_torch, tree_mask_triton  # noqa: E402
@@ -94,10 +94,7 @@ def main() -> None:
         row["draft_forward_ms"] = timed(lambda: draft(features, input_ids=draft_ids), args.repeats, device)
         row["tree_search_ms"] = timed(lambda: policy(logits, torch.tensor([1, 2, 3]), lambda x: x), args.repeats, device)
         results[f"prefix_{prefix}"] = row
-    print(json.dumps(results, indent=2))
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=2) + "\n")
+    report(results, args.out)
 
 
 if __name__ == "__main__":

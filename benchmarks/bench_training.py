@@ -8,13 +8,13 @@ tokens; the draft uses a reduced 8,192-token vocabulary and 32 sampled anchors p
 """
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, TrainerCallback, TrainingArguments
 
+from _common import report
 from dart_hf import DartDraftModel
 from dart_hf.training import DartDataCollator, DartTrainer
 
@@ -78,10 +78,7 @@ def main() -> None:
         "response_tokens_per_second": args.batch_size * 192 / median,
         "sequences_per_second": args.batch_size / median,
     }
-    print(json.dumps(results, indent=2))
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=2) + "\n")
+    report(results, args.out)
 
 
 if __name__ == "__main__":

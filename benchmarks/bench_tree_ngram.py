@@ -10,7 +10,6 @@ documents of 50-500 tokens): real text has a similar heavy-tailed n-gram distrib
 """
 
 import argparse
-import json
 import tempfile
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from _common import report
 from dart_hf import BeamSearchTreePolicy, NgramTable
 
 VOCAB = 49_152
@@ -84,10 +84,7 @@ def main() -> None:
         results["tree_search_ms_p90"] = 1000 * float(np.percentile(times, 90))
         results["tree_nodes"] = len(tree) - 1
 
-    print(json.dumps(results, indent=2))
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=2) + "\n")
+    report(results, args.out)
 
 
 if __name__ == "__main__":
