@@ -20,6 +20,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--distill-minutes", type=float, default=0, help="self-distil for this long first (resumable)")
     parser.add_argument("--max-steps", type=int, default=1500)
+    parser.add_argument("--eval-steps", type=int, default=250, help="evaluate and checkpoint this often")
     parser.add_argument("--init-draft", default=None, help="warm-start from this draft")
     parser.add_argument("--output", default="drafts/smollm2-135m-instruct-dart")
     args = parser.parse_args()
@@ -47,8 +48,8 @@ def main() -> None:
         "existing_files": [str(replies)], "existing_ratio": 1.0, "eval_files": [str(DATA / "heldout.jsonl")],
         "output_dir": args.output, "max_steps": args.max_steps, "per_device_train_batch_size": 8,
         "learning_rate": 5e-4, "lr_scheduler_type": "cosine", "warmup_steps": 50, "max_grad_norm": 0.5,
-        "draft_vocab_size": 16384, "anchors_per_sequence": 32, "max_length": 384, "feature_dropout": 0.1,
-        "eval_strategy": "steps", "eval_steps": 250, "save_steps": 250, "save_total_limit": 2,
+        "draft_vocab_size": 16384, "anchors_per_sequence": 24, "max_length": 320, "feature_dropout": 0.1,
+        "eval_strategy": "steps", "eval_steps": args.eval_steps, "save_steps": args.eval_steps, "save_total_limit": 2,
         "logging_steps": 25, "report_to": "none", "use_cpu": True,
         "early_stopping_patience": 3, "dataloader_num_workers": 0, "seed": 0,
     }
