@@ -6,6 +6,7 @@ V target vocabulary, V_d draft vocabulary, D = draft_length - 1.
 The draft knows nothing of trees or decoding: it maps target features and next-token ids to logits.
 """
 
+import importlib
 import os
 from dataclasses import dataclass
 
@@ -295,7 +296,10 @@ class DartDraftModel(DartPreTrainedModel):
     def bind(self, target: PreTrainedModel) -> "DartDraftModel":
         """Attach `target`: check that it fits this draft, and route `target.generate(..., assistant_model=self)`
         to DART tree decoding. The target is held by reference, never as a submodule (it is not saved)."""
-        from .generation import install_generate_router
+        # Imported by name at call time rather than with `from .generation import ...`: a saved draft carries a
+        # copy of this file for `trust_remote_code`, and Transformers copies every `from .x import` it finds;
+        # the decoding stack (with its kernels subpackage, which that copy cannot follow) must stay out of it.
+        install_generate_router = importlib.import_module(f"{__package__}.generation").install_generate_router
 
         text_config = target.config.get_text_config()
         if target.config.is_encoder_decoder:
