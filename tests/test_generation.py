@@ -230,6 +230,8 @@ def test_ngram_pruned_trees_are_lossless(arch, policy):
         tree_options={"budget": 20, "ngram_at_root": True, "full_softmax": True, "ngram_weight": 1.0},
     )
     assert torch.equal(got, expected) and max(draft.stats.tree_sizes) <= 21
+    got = target.generate(prompt, max_new_tokens=NEW_TOKENS, assistant_model=draft, tree_options={"use_ngram": False})
+    assert torch.equal(got, expected)
     with pytest.raises(ValueError, match="Unknown tree option"):
         target.generate(prompt, max_new_tokens=4, assistant_model=draft, tree_options={"beam": 3})
 

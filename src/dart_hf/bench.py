@@ -46,6 +46,7 @@ def run_benchmark(
     max_new_tokens: int,
     do_sample: bool = False,
     methods: list[str] | None = None,
+    tree_options: dict | None = None,
 ) -> dict:
     """Run every method on every prompt, interleaved; returns a JSON-ready dict of per-set results."""
     methods = methods or ["vanilla", "vanilla_bf16", "prompt_lookup", "dart_no_ngram", "dart"]
@@ -71,7 +72,10 @@ def run_benchmark(
                 kwargs["prompt_lookup_num_tokens"] = 10
             elif method.startswith("dart"):
                 kwargs["assistant_model"] = draft
-                kwargs["tree_options"] = {"ngram_weight": 0.0} if method == "dart_no_ngram" else None
+                options = dict(tree_options or {})
+                if method == "dart_no_ngram":
+                    options["use_ngram"] = False
+                kwargs["tree_options"] = options
             if do_sample:
                 torch.manual_seed(0)
             start = time.perf_counter()
@@ -183,6 +187,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--sample", action="store_true", help="T=1 sampling instead of greedy")
     parser.add_argument("--quick", action="store_true", help="2 prompts per set, 32 new tokens")
+    parser.add_argument("--tree-budget", type=int, default=None, help="tree nodes (default: the draft's config)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/bench"))
     args = parser.parse_args(argv)
     if args.quick:
@@ -190,7 +195,8 @@ def main(argv: list[str] | None = None) -> None:
     target, tokenizer = load_target(args.target)
     draft = DartDraftModel.from_pretrained(args.draft, target=target) if args.draft else None
     summary = run_benchmark(
-        target, tokenizer, draft, args.sets, args.prompts_per_set, args.max_new_tokens, do_sample=args.sample
+        target, tokenizer, draft, args.sets, args.prompts_per_set, args.max_new_tokens, do_sample=args.sample,
+        tree_options={"budget": args.tree_budget} if args.tree_budget else None,
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     Path(f"{args.out}.json").write_text(json.dumps(summary, indent=2) + "\n")

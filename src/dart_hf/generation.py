@@ -76,7 +76,8 @@ def dart_generate(
     dart_streamer: the user's streamer (`generate` drops `streamer` for custom functions; the router renames it).
     tree_policy: builds each tree from the draft logits; default: the draft config's policy (`tree_*` fields).
     tree_options: per-call overrides of the config's tree fields, named without the `tree_` prefix
-        (`{"budget": 30, "ngram_weight": 0.3, "policy": "topk"}`); tree_budget / tree_top_k are shortcuts.
+        (`{"budget": 30, "ngram_weight": 0.3, "policy": "topk"}`), plus `use_ngram=False` to ignore the draft's
+        N-gram table; tree_budget / tree_top_k are shortcuts.
     """
     draft = _checked_draft(dart_draft, model)
     streamer = dart_streamer if dart_streamer is not None else streamer
@@ -177,9 +178,10 @@ def build_tree_policy(draft: DartDraftModel, eos_token_id: int | list[int] | Non
     eos_token_id: the ids the beam search ranks last (default: the draft config's)."""
     fields = ("policy", "budget", "top_k", "beam_width", "level_decay", "logit_decay", "ngram_weight",
               "ngram_at_root", "full_softmax")
+    use_ngram = options.pop("use_ngram", True)  # False: search without the draft's N-gram table
     unknown = set(options) - set(fields)
     if unknown:
-        raise ValueError(f"Unknown tree option(s) {sorted(unknown)}; valid options: {list(fields)}.")
+        raise ValueError(f"Unknown tree option(s) {sorted(unknown)}; valid options: {list(fields) + ['use_ngram']}.")
     settings = {name: options.get(name, getattr(draft.config, f"tree_{name}")) for name in fields}
     policy = settings.pop("policy")
     if policy == "topk":
@@ -190,7 +192,7 @@ def build_tree_policy(draft: DartDraftModel, eos_token_id: int | list[int] | Non
     if isinstance(eos, torch.Tensor):
         eos = eos.tolist()
     eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
-    return BeamSearchTreePolicy(ngram=draft.ngram, eos_token_ids=eos_ids, **settings)
+    return BeamSearchTreePolicy(ngram=draft.ngram if use_ngram else None, eos_token_ids=eos_ids, **settings)
 
 
 def install_generate_router(target: PreTrainedModel) -> None:
