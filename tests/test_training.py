@@ -131,3 +131,90 @@ def test_training_lowers_the_loss_lifts_alpha_and_tau_and_stays_lossless(tmp_pat
     # checkpoints are save_pretrained folders that load as drafts
     reloaded = DartDraftModel.from_pretrained(tmp_path / "run" / "checkpoint-240", target=target)
     assert torch.equal(reloaded.lm_head.weight, draft.lm_head.weight)
+
+
+@pytest.mark.parametrize("scheduler", ["continuous", "static"])
+def test_self_distill_matches_generate_and_resumes(tmp_path, scheduler):
+    target = tiny_target("llama", seed=2)
+    prompt_ids = [p[0].tolist() for p in prompts(7, seed=9, min_len=3, max_len=10)]
+    first = target.generate(torch.tensor([prompt_ids[0]]), max_new_tokens=12, do_sample=False)[0, len(prompt_ids[0]):]
+    target.generation_config.eos_token_id = int(first[4])  # rows finish at different steps: finished rows refill
+    expected = []
+    for ids in prompt_ids:
+        out = target.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)[0, len(ids):].tolist()
+        expected.append(out[: out.index(int(first[4])) + 1] if int(first[4]) in out else out)
+    assert any(len(e) < 12 for e in expected) and any(len(e) == 12 for e in expected)
+    path = tmp_path / "sd.jsonl"
+    self_distill(target, prompt_ids[:3], path, max_new_tokens=12, batch_size=2, progress=False, scheduler=scheduler)
+    records = self_distill(target, prompt_ids, path, max_new_tokens=12, batch_size=2, progress=False,
+                           scheduler=scheduler)
+    assert sorted(r["id"] for r in records) == list(range(7))
+    for record in records:
+        assert record["prompt_ids"] == prompt_ids[record["id"]]
+        assert record["response_ids"] == expected[record["id"]]
+
+
+def test_self_distill_rejects_an_unknown_scheduler(tmp_path):
+    with pytest.raises(ValueError, match="continuous"):
+        self_distill(tiny_target(), [[1, 2]], tmp_path / "x.jsonl", scheduler="paged")
+
+
+@pytest.mark.parametrize("num_prefix,anchors", [(10, [0, 4, 9]), (150, [3, 64, 100, 149])])
+def test_flex_block_mask_equals_the_dense_mask(num_prefix, anchors):
+    layout = prefix_shared_layout(num_prefix, torch.tensor(anchors), 7)
+    size = len(layout.position_ids)
+    q, k = torch.meshgrid(torch.arange(size), torch.arange(size), indexing="ij")
+    assert torch.equal(layout.mask_mod()(0, 0, q, k), layout.attention)  # the closed form is the rule
+
+    target = tiny_target("llama")
+    generator = torch.Generator().manual_seed(1)
+    features = torch.randn(2, num_prefix, 96, generator=generator)
+    next_ids = torch.randint(0, 128, (2, num_prefix), generator=generator)
+    draft = DartDraftModel.from_target(target, feature_norm=True)
+    logits = {}
+    for name, attention_mask in (("dense", layout.additive_mask(torch.float32)), ("flex", layout.block_mask())):
+        with torch.no_grad():
+            logits[name] = draft(
+                features, input_ids=next_ids, position_ids=layout.position_ids[None].expand(2, -1),
+                num_masks=7 * len(anchors), attention_mask=attention_mask, logits_to_keep=0,
+            ).logits
+    torch.testing.assert_close(logits["flex"], logits["dense"], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="FlexAttention has no backward on CPU (torch raises)")
+def test_flex_gradients_equal_dense_gradients_on_cuda():
+    layout = prefix_shared_layout(150, torch.tensor([3, 64, 100, 149]), 7)
+    target = tiny_target("llama").cuda()
+    generator = torch.Generator().manual_seed(1)
+    features = torch.randn(2, 150, 96, generator=generator).cuda()
+    next_ids = torch.randint(0, 128, (2, 150), generator=generator).cuda()
+    grads = {}
+    for name, attention_mask in (("dense", layout.additive_mask(torch.float32).cuda()), ("flex", layout.block_mask("cuda"))):
+        torch.manual_seed(0)
+        draft = DartDraftModel.from_target(target, feature_norm=True).cuda()
+        draft(
+            features, input_ids=next_ids, position_ids=layout.position_ids[None].expand(2, -1).cuda(),
+            num_masks=28, attention_mask=attention_mask, logits_to_keep=0,
+        ).logits.square().mean().backward()
+        grads[name] = (draft.midlayer.self_attn.q_proj.weight.grad, draft.midlayer.mask_rep.grad)
+    for dense, flex in zip(grads["dense"], grads["flex"]):
+        torch.testing.assert_close(flex, dense, rtol=1e-3, atol=1e-5)
+
+
+def test_flex_training_on_cpu_is_refused_with_the_fix(tmp_path):
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[])
+    target = tiny_target()
+    with pytest.raises(ValueError, match="training_attention='dense'"):
+        DartTrainer(model=DartDraftModel.from_target(target), args=args, target=target, training_attention="flex")
+
+
+def test_draft_rows_flex_equals_dense(tmp_path):
+    target = tiny_target("qwen3", seed=4)
+    draft = DartDraftModel.from_target(target)
+    batch = DartDataCollator()(make_examples(target, 2, seed=5, tmp_path=tmp_path, new_tokens=12))
+    with torch.no_grad():
+        dense = draft_rows(draft, target, batch, num_anchors=None, attention="dense")
+        flex = draft_rows(draft, target, batch, num_anchors=None, attention="flex")
+    torch.testing.assert_close(flex.draft_logits, dense.draft_logits, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="dense"):
+        draft_rows(draft, target, batch, num_anchors=None, attention="sparse")

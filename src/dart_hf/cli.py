@@ -65,7 +65,9 @@ def self_distill_command(args: argparse.Namespace) -> None:
     prompts = [tokenize_conversation(tokenizer, messages)[0] for messages in conversations]
     prompts = prompts[: args.limit] if args.limit else prompts
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    examples = self_distill(target, prompts, args.output, args.max_new_tokens, args.batch_size, pad_token_id=pad)
+    examples = self_distill(
+        target, prompts, args.output, args.max_new_tokens, args.batch_size, pad_token_id=pad, scheduler=args.scheduler
+    )
     print(f"{args.output}: {len(examples)} examples, {sum(len(e['response_ids']) for e in examples):,} response tokens")
 
 
@@ -131,6 +133,7 @@ def train_command(argv: list[str]) -> None:
         target=target,
         gamma=dart_args.gamma,
         anchors_per_sequence=dart_args.anchors_per_sequence,
+        training_attention=dart_args.training_attention,
     )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(training_args.output_dir)
@@ -176,6 +179,11 @@ def main(argv: list[str] | None = None) -> None:
     distill.add_argument("--max-new-tokens", type=int, default=256)
     distill.add_argument("--batch-size", type=int, default=16)
     distill.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    distill.add_argument(
+        "--scheduler", choices=["continuous", "static"], default="continuous",
+        help="continuous: Transformers' continuous batching, finished rows are refilled at once (default); "
+        "static: length-grouped left-padded batches",
+    )
     distill.set_defaults(handler=self_distill_command)
 
     commands.add_parser("train", help="train a draft; `dart-hf train --help` lists every argument", add_help=False)

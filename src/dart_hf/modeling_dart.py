@@ -66,7 +66,8 @@ class DartAttention(nn.Module):
         attention_mask: torch.Tensor,
         cache: Cache | None = None,
     ) -> torch.Tensor:
-        """hidden_states `[B, S, 2H]`; attention_mask additive float `[B or 1, 1, S, P + S]` -> `[B, S, H]`."""
+        """hidden_states `[B, S, 2H]` -> `[B, S, H]`. attention_mask: additive float `[B or 1, 1, S, P + S]`, or a
+        FlexAttention `BlockMask` over the S rows (training)."""
         batch_size, seq_len, _ = hidden_states.shape
         shape = (batch_size, seq_len, -1, self.head_dim)
         query = self.q_proj(hidden_states).view(shape).transpose(1, 2)
@@ -78,11 +79,32 @@ class DartAttention(nn.Module):
         if cache is not None:
             key, value = cache.update(key, value, 0)
 
-        key = repeat_kv(key, self.num_key_value_groups)
-        value = repeat_kv(value, self.num_key_value_groups)
-        output = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=self.scaling)
+        if not isinstance(attention_mask, torch.Tensor):  # a FlexAttention BlockMask (training layout)
+            output = flex_attention_fn()(
+                query, key, value, block_mask=attention_mask, scale=self.scaling, enable_gqa=True
+            )
+        else:
+            key = repeat_kv(key, self.num_key_value_groups)
+            value = repeat_kv(value, self.num_key_value_groups)
+            output = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=self.scaling)
         output = output.transpose(1, 2).reshape(batch_size, seq_len, -1)
         return self.o_proj(output)
+
+
+def flex_attention_fn():
+    """torch's `flex_attention`, compiled where torch.compile makes its fused kernel (CUDA); eager elsewhere (exact
+    but unfused: the training code only picks it on CUDA unless asked)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    global _COMPILED_FLEX_ATTENTION
+    if not torch.cuda.is_available():
+        return flex_attention
+    if _COMPILED_FLEX_ATTENTION is None:
+        _COMPILED_FLEX_ATTENTION = torch.compile(flex_attention, dynamic=False)
+    return _COMPILED_FLEX_ATTENTION
+
+
+_COMPILED_FLEX_ATTENTION = None
 
 
 class DartDecoderLayer(nn.Module):

@@ -104,20 +104,28 @@ def self_distill(
     batch_size: int = 16,
     pad_token_id: int = 0,
     progress: bool = True,
+    scheduler: str = "continuous",
 ) -> list[dict]:
     """Regenerate the responses with the target (greedy), so the draft learns the target's own outputs.
 
-    Prompts are grouped by length and generated in left-padded batches. Every finished batch is appended to
-    `output_path` (JSONL, one `{"id", "prompt_ids", "response_ids"}` per prompt, id = index in `prompts`) and
-    flushed, so an interrupted run loses nothing it already generated; a rerun skips the ids already written.
-    Returns all examples in the file.
+    scheduler "continuous": Transformers' continuous batching (`init_continuous_batching`): a finished row is
+    refilled with the next prompt at once, and each response is written as soon as it finishes; `batch_size` caps
+    the requests decoded together. "static": prompts grouped by length in left-padded `generate` batches, written
+    batch by batch. Either way every record is appended to `output_path` (JSONL, one `{"id", "prompt_ids",
+    "response_ids"}` per prompt, id = index in `prompts`) and flushed, so an interrupted run loses nothing it
+    already generated; a rerun skips the ids already written. Returns all examples in the file.
     """
+    if scheduler not in ("continuous", "static"):
+        raise ValueError(f"scheduler must be 'continuous' or 'static', got {scheduler!r}.")
     output_path = Path(output_path)
     _drop_partial_last_line(output_path)
     done = {record["id"] for record in _read_jsonl(output_path)}
     todo = sorted((i for i in range(len(prompts)) if i not in done), key=lambda i: len(prompts[i]))
     eos = target.generation_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+    if scheduler == "continuous" and todo:
+        _self_distill_continuous(target, prompts, todo, output_path, max_new_tokens, batch_size, eos_ids, progress)
+        return _read_jsonl(output_path)
     with open(output_path, "a", encoding="utf-8") as handle, tqdm(
         total=len(todo), desc="self-distilling", disable=not progress
     ) as bar:
@@ -142,6 +150,54 @@ def self_distill(
             handle.flush()
             bar.update(len(batch))
     return _read_jsonl(output_path)
+
+
+@torch.no_grad()
+def _self_distill_continuous(
+    target, prompts: list[list[int]], todo: list[int], output_path: Path, max_new_tokens: int, batch_size: int,
+    eos_ids: set[int], progress: bool,
+) -> None:
+    """`self_distill` on Transformers' continuous-batching manager: rows are refilled as they finish."""
+    from transformers import ContinuousBatchingConfig, GenerationConfig
+
+    generation_config = GenerationConfig(
+        max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=sorted(eos_ids) or -1,
+        pad_token_id=target.generation_config.pad_token_id,
+    )
+    # sized to the workload: the defaults size the cache from free memory, which costs seconds of setup on a CPU
+    longest_prompt = max(len(prompts[index]) for index in todo)
+    page_size = 32
+    batching_config = ContinuousBatchingConfig(
+        max_requests_per_batch=batch_size,
+        page_size=page_size,
+        num_blocks=batch_size * -(-(longest_prompt + max_new_tokens) // page_size),
+        max_batch_tokens=longest_prompt + batch_size,
+    )
+    with open(output_path, "a", encoding="utf-8") as handle, tqdm(
+        total=len(todo), desc="self-distilling", disable=not progress
+    ) as bar, target.continuous_batching_context_manager(
+        generation_config=generation_config, continuous_batching_config=batching_config, warmup=False
+    ) as manager:
+        for index in todo:
+            manager.add_request(prompts[index], request_id=str(index), max_new_tokens=max_new_tokens)
+        remaining = set(todo)
+        while remaining:
+            result = manager.get_result(timeout=1)
+            if result is None:
+                if not manager.is_running():
+                    raise RuntimeError("Transformers' continuous-batching thread stopped; rerun (the run resumes) "
+                                       "or pass scheduler='static'.")
+                continue
+            if not result.is_finished():
+                continue
+            index = int(result.request_id)
+            response = list(result.generated_tokens)
+            end = next((i + 1 for i, token in enumerate(response) if token in eos_ids), len(response))
+            record = {"id": index, "prompt_ids": prompts[index], "response_ids": response[:end]}
+            handle.write(json.dumps(record) + "\n")
+            handle.flush()
+            remaining.discard(index)
+            bar.update(1)
 
 
 def load_examples(paths: Iterable[str | os.PathLike]) -> list[dict]:

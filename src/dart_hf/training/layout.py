@@ -21,12 +21,37 @@ class PrefixSharedLayout:
     """position_ids, depths, targets: `[R]` long (R = T + A * D); attention: `[R, R]` bool, True = may attend.
 
     targets[r] is the index of the sequence token row r predicts (it may lie past the sequence's end: mask it).
+    row_anchor / row_block: `[R]` the prefix row each row hangs from, and its block id (-1 for prefix rows): the
+    attention rule in closed form, for FlexAttention's `mask_mod`.
     """
 
     position_ids: torch.Tensor
     depths: torch.Tensor
     targets: torch.Tensor
     attention: torch.Tensor
+    row_anchor: torch.Tensor
+    row_block: torch.Tensor
+
+    def mask_mod(self, device: torch.device | str = "cpu"):
+        """FlexAttention `mask_mod(b, h, q, kv) -> bool` of the layout, from `[R]` vectors (never the `[R, R]` mask):
+        a key prefix row kv is seen by row q when kv <= anchor(q); a key mask row when it is in q's block at a
+        depth <= q's."""
+        anchor, block, depth = (t.to(device) for t in (self.row_anchor, self.row_block, self.depths))
+        num_prefix = int((self.row_block < 0).sum())
+
+        def allowed(batch, head, query, key):
+            sees_prefix = (key < num_prefix) & (key <= anchor[query])
+            same_block = (block[query] >= 0) & (block[query] == block[key]) & (depth[key] <= depth[query])
+            return sees_prefix | same_block
+
+        return allowed
+
+    def block_mask(self, device: torch.device | str = "cpu"):
+        """The layout as a FlexAttention `BlockMask` (sparse blocks: its cost grows with the allowed pairs only)."""
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        size = len(self.position_ids)
+        return create_block_mask(self.mask_mod(device), None, None, size, size, device=device)
 
     def additive_mask(self, dtype: torch.dtype) -> torch.Tensor:
         """`[1, 1, R, R]` float mask for the draft's attention: 0 where allowed, the dtype's minimum elsewhere."""
@@ -59,4 +84,6 @@ def prefix_shared_layout(num_prefix: int, anchors: torch.Tensor, num_masks: int)
         depths=depths,
         targets=row_anchor + 2 + depths,
         attention=sees_prefix | causal_in_block,
+        row_anchor=row_anchor,
+        row_block=row_block,
     )

@@ -46,6 +46,13 @@ class DartTrainingArguments:
     feature_norm: bool = field(default=True, metadata={"help": "RMSNorm each target feature layer before fc"})
     feature_dropout: float = field(default=0.0, metadata={"help": "dropout on the target features"})
     mask_rep_init_std: float = field(default=1.0, metadata={"help": "initial scale of mask_rep"})
+    training_attention: str = field(
+        default="auto",
+        metadata={
+            "help": "attention over the prefix-shared layout: 'flex' (torch FlexAttention block mask, compiled), "
+            "'dense' (a [R, R] mask; exact, fine on CPU), or 'auto' (flex on CUDA, dense elsewhere)"
+        },
+    )
     early_stopping_patience: int | None = field(
         default=None, metadata={"help": "stop after this many evaluations without a better held-out chain tau"}
     )
@@ -57,16 +64,36 @@ class DartTrainer(Trainer):
     Batches come from `DartDataCollator` (`input_ids`, `attention_mask`, `loss_mask`).
     """
 
-    def __init__(self, *args, target: PreTrainedModel, gamma: float = 0.6, anchors_per_sequence: int = 32, **kwargs):
+    def __init__(
+        self,
+        *args,
+        target: PreTrainedModel,
+        gamma: float = 0.6,
+        anchors_per_sequence: int = 32,
+        training_attention: str = "auto",
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
         self.target = target.eval().requires_grad_(False)
         self.gamma = gamma
         self.anchors_per_sequence = anchors_per_sequence
+        if training_attention not in ("auto", "flex", "dense"):
+            raise ValueError(f"training_attention must be 'auto', 'flex' or 'dense', got {training_attention!r}.")
+        if training_attention == "auto":
+            training_attention = "flex" if self.args.device.type == "cuda" else "dense"
+        if training_attention == "flex" and self.args.device.type == "cpu":
+            raise ValueError(
+                "FlexAttention has no backward pass on CPU in torch; train on CPU with training_attention='dense' "
+                "(exact, the same rows) or on a GPU for 'flex'."
+            )
+        self.training_attention = training_attention
         self._hits = self._counts = None  # top-1 agreement per depth since the last log, for the progress logs
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         draft = self.accelerator.unwrap_model(model)
-        rows = draft_rows(draft, self.target, inputs, self.anchors_per_sequence, forward=model)
+        rows = draft_rows(
+            draft, self.target, inputs, self.anchors_per_sequence, forward=model, attention=self.training_attention
+        )
         weights = torch.where(rows.valid, self.gamma ** rows.depths.to(rows.draft_logits.dtype), 0.0)
         vocab_ids = draft_vocabulary(draft)
         loss = dart_loss(rows.draft_logits[rows.valid], rows.target_logits[rows.valid], weights[rows.valid], vocab_ids)
@@ -118,11 +145,19 @@ class DraftRows:
     num_masks: int
 
 
-def draft_rows(draft: DartDraftModel, target: PreTrainedModel, batch: dict, num_anchors: int | None, forward=None):
+def draft_rows(
+    draft: DartDraftModel,
+    target: PreTrainedModel,
+    batch: dict,
+    num_anchors: int | None,
+    forward=None,
+    attention: str = "dense",
+) -> "DraftRows":
     """Run the frozen target and the draft (prefix-shared layout) over a batch.
 
     num_anchors: mask blocks per batch, sampled among positions whose next-but-one token is a response token;
-    None uses every such position. forward: the (possibly DDP-wrapped) draft to call.
+    None uses every such position. forward: the (possibly DDP-wrapped) draft to call. attention: "dense" (an
+    additive `[R, R]` mask) or "flex" (a FlexAttention block mask); both compute the same rows.
     """
     forward = forward if forward is not None else draft
     input_ids, attention_mask, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
@@ -141,12 +176,18 @@ def draft_rows(draft: DartDraftModel, target: PreTrainedModel, batch: dict, num_
     layout = prefix_shared_layout(num_prefix, candidates.cpu(), num_masks)
     device = input_ids.device
     batch_size = input_ids.shape[0]
+    if attention == "flex":
+        mask = layout.block_mask(device)
+    elif attention == "dense":
+        mask = layout.additive_mask(draft.dtype).to(device)
+    else:
+        raise ValueError(f"attention must be 'dense' or 'flex', got {attention!r}.")
     draft_logits = forward(
         target_hidden_states=features[:, :num_prefix],
         input_ids=input_ids[:, 1:],
         position_ids=layout.position_ids.to(device).expand(batch_size, -1),
         num_masks=len(candidates) * num_masks,
-        attention_mask=layout.additive_mask(draft.dtype).to(device),
+        attention_mask=mask,
         logits_to_keep=0,
     ).logits
 
