@@ -36,10 +36,11 @@ def test_self_distill_and_train_commands(tmp_path):
         "eval_files": [str(tmp_path / "train.jsonl")], "output_dir": str(tmp_path / "draft"), "max_steps": 6,
         "per_device_train_batch_size": 4, "learning_rate": 1e-3, "report_to": "none", "use_cpu": True,
         "eval_strategy": "steps", "eval_steps": 3, "save_steps": 3, "early_stopping_patience": 5,
-        "draft_vocab_size": 64,
+        "draft_vocab_size": 64, "feature_cache_dir": str(tmp_path / "features"),
     }
     (tmp_path / "train.json").write_text(json.dumps(config))
     main(["train", str(tmp_path / "train.json")])
+    assert (tmp_path / "features" / "cache.json").exists()  # trained from the offline feature cache
     draft = DartDraftModel.from_pretrained(tmp_path / "draft", target=target)
     assert draft.config.draft_vocab_size == 64 and draft.config.feature_norm
     prompt = prompts(1)[0]

@@ -116,6 +116,16 @@ def train_command(argv: list[str]) -> None:
             if reduced
             else None,
         )
+    train_dataset = train_examples
+    if dart_args.feature_cache_dir:
+        from .training.feature_cache import CachedFeatureDataset, build_feature_cache
+
+        with training_args.main_process_first(desc="feature cache"):  # rank 0 builds, the others then read
+            cache = build_feature_cache(
+                target, train_examples, list(draft.config.feature_layers), dart_args.feature_cache_dir,
+                dtype=getattr(torch, dart_args.feature_cache_dtype),
+            )
+        train_dataset = CachedFeatureDataset(train_examples, cache)
     callbacks = []
     if dart_args.early_stopping_patience is not None:
         training_args.metric_for_best_model = "chain_tau"
@@ -126,7 +136,7 @@ def train_command(argv: list[str]) -> None:
     trainer = DartTrainer(
         model=draft.train(),
         args=training_args,
-        train_dataset=train_examples,
+        train_dataset=train_dataset,
         eval_dataset=eval_examples,
         data_collator=DartDataCollator(pad_token_id=pad if isinstance(pad, int) else 0, max_length=dart_args.max_length),
         callbacks=callbacks,

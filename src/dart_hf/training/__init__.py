@@ -9,11 +9,15 @@ from .data import (
     self_distill,
     tokenize_conversation,
 )
+from .feature_cache import CachedFeatureDataset, FeatureCache, build_feature_cache
 from .layout import PrefixSharedLayout, prefix_shared_layout
 from .loss import dart_loss
 from .trainer import DartTrainer, DartTrainingArguments, evaluate_draft
 
 __all__ = [
+    "CachedFeatureDataset",
+    "FeatureCache",
+    "build_feature_cache",
     "DartDataCollator",
     "DartTrainer",
     "DartTrainingArguments",

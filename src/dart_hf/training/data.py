@@ -244,7 +244,9 @@ def frequent_token_ids(examples: list[dict], size: int, vocab_size: int) -> torc
 
 class DartDataCollator:
     """Pads examples on the right into `input_ids`, `attention_mask` and `loss_mask` (1 on response tokens).
-    Sequences longer than `max_length` are cut at the end."""
+    Sequences longer than `max_length` are cut at the end. Examples from a `CachedFeatureDataset` also carry the
+    target's cached outputs, padded with zeros into `target_features` `[B, W, 3H]` and `target_last_hidden`
+    `[B, W, H]`."""
 
     def __init__(self, pad_token_id: int = 0, max_length: int = 2048):
         self.pad_token_id = pad_token_id
@@ -262,6 +264,12 @@ class DartDataCollator:
             batch["input_ids"][row, : len(sequence)] = torch.tensor(sequence)
             batch["attention_mask"][row, : len(sequence)] = 1
             batch["loss_mask"][row, len(example["prompt_ids"]) : len(sequence)] = True
+        for name in ("target_features", "target_last_hidden"):
+            if name in examples[0]:
+                batch[name] = torch.nn.utils.rnn.pad_sequence(
+                    [example[name][: len(sequence)] for example, sequence in zip(examples, sequences)],
+                    batch_first=True,
+                )
         return batch
 
 

@@ -46,6 +46,14 @@ class DartTrainingArguments:
     feature_norm: bool = field(default=True, metadata={"help": "RMSNorm each target feature layer before fc"})
     feature_dropout: float = field(default=0.0, metadata={"help": "dropout on the target features"})
     mask_rep_init_std: float = field(default=1.0, metadata={"help": "initial scale of mask_rep"})
+    feature_cache_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "cache the target's features and output-layer inputs of the training examples here once (safetensors "
+            "shards, 4 * hidden_size values per token) and train from the cache: for several epochs on a small target"
+        },
+    )
+    feature_cache_dtype: str = field(default="bfloat16", metadata={"help": "dtype of the feature cache"})
     training_attention: str = field(
         default="auto",
         metadata={
@@ -163,9 +171,14 @@ def draft_rows(
     input_ids, attention_mask, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
     layers = list(draft.config.feature_layers)
     with torch.no_grad():
-        outputs = target(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=layers)
-        features = torch.cat([outputs.hidden_states[index] for index in layers], dim=-1)
-        target_logits = outputs.logits
+        if "target_features" in batch:  # from a feature cache: only the output layer runs
+            features = batch["target_features"]
+            head = target.get_output_embeddings()
+            target_logits = head(batch["target_last_hidden"].to(head.weight.dtype))
+        else:
+            outputs = target(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=layers)
+            features = torch.cat([outputs.hidden_states[index] for index in layers], dim=-1)
+            target_logits = outputs.logits
 
     seq_len = input_ids.shape[1]
     num_prefix = seq_len - 1  # prefix row j pairs h_j with the embedding of x_{j+1}

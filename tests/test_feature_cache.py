@@ -1,0 +1,74 @@
+"""The offline feature cache: the same training rows as online features, resumable, and refused when stale."""
+
+import pytest
+import torch
+
+from _helpers import prompts, tiny_target
+from dart_hf import DartDraftModel
+from dart_hf.training import CachedFeatureDataset, DartDataCollator, FeatureCache, build_feature_cache, self_distill
+from dart_hf.training.trainer import draft_rows
+
+
+def examples_for(target, tmp_path, count=5):
+    prompt_ids = [p[0].tolist() for p in prompts(count, seed=3, min_len=4, max_len=12)]
+    return self_distill(target, prompt_ids, tmp_path / "sd.jsonl", max_new_tokens=10, progress=False, scheduler="static")
+
+
+def test_cached_rows_equal_online_rows_and_the_cache_resumes(tmp_path):
+    target = tiny_target("qwen2", seed=1)
+    draft = DartDraftModel.from_target(target)
+    examples = [{"prompt_ids": e["prompt_ids"], "response_ids": e["response_ids"]} for e in examples_for(target, tmp_path)]
+    layers = list(draft.config.feature_layers)
+    cache = build_feature_cache(target, examples, layers, tmp_path / "cache", dtype=torch.float32, shard_size=2,
+                                batch_size=3, progress=False)
+    assert len(cache) == 5 and sorted(p.name for p in (tmp_path / "cache").glob("shard-*")) == [
+        "shard-00000.safetensors", "shard-00001.safetensors", "shard-00002.safetensors"]
+    features, last_hidden = cache[4]
+    assert features.shape == (len(examples[4]["prompt_ids"]) + len(examples[4]["response_ids"]), 96)
+    assert last_hidden.shape[-1] == 32
+
+    collator = DartDataCollator(max_length=18)  # truncation applies to the cached rows too
+    dataset = CachedFeatureDataset(examples, cache)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        cached = draft_rows(draft, target, collator([dataset[i] for i in range(5)]), num_anchors=None)
+        online = draft_rows(draft, target, collator(examples), num_anchors=None)
+    assert torch.equal(cached.valid, online.valid) and cached.valid.sum() > 20
+    valid = online.valid  # rows over padding differ (zeros in the cache) and are never supervised
+    torch.testing.assert_close(cached.target_logits[valid], online.target_logits[valid], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cached.draft_logits[valid], online.draft_logits[valid], rtol=1e-5, atol=1e-5)
+
+    # a crash mid-build leaves whole shards only: a rerun computes just the missing one
+    (tmp_path / "cache" / "shard-00001.safetensors").unlink()
+    kept = (tmp_path / "cache" / "shard-00000.safetensors").stat().st_mtime_ns
+    again = build_feature_cache(target, examples, layers, tmp_path / "cache", dtype=torch.float32, shard_size=2,
+                                progress=False)
+    assert (tmp_path / "cache" / "shard-00000.safetensors").stat().st_mtime_ns == kept
+    torch.testing.assert_close(again[2][0], cache[2][0])
+    assert not list((tmp_path / "cache").glob("*.tmp"))
+
+
+def test_a_stale_cache_is_refused(tmp_path):
+    target = tiny_target("llama", seed=1)
+    examples = [{"prompt_ids": [1, 2, 3], "response_ids": [4, 5, 6]}, {"prompt_ids": [7, 8], "response_ids": [9]}]
+    build_feature_cache(target, examples, [2, 3, 4], tmp_path, shard_size=1, progress=False)
+    other = [examples[0], {"prompt_ids": [7, 8], "response_ids": [10]}]
+    with pytest.raises(ValueError, match="delete that folder"):
+        build_feature_cache(target, other, [2, 3, 4], tmp_path, shard_size=1, progress=False)
+    with pytest.raises(ValueError, match="delete that folder"):
+        build_feature_cache(target, examples, [1, 3, 4], tmp_path, shard_size=1, progress=False)
+    with pytest.raises(ValueError, match="other examples"):
+        CachedFeatureDataset(other, FeatureCache(tmp_path))
+    with pytest.raises(FileNotFoundError, match="build it first"):
+        FeatureCache(tmp_path / "missing")
+
+
+def test_a_target_that_changes_its_logits_after_the_head_is_refused(tmp_path):
+    from transformers import AutoModelForCausalLM, Gemma2Config
+
+    config = Gemma2Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, final_logit_softcapping=3.0)
+    target = AutoModelForCausalLM.from_config(config).eval()
+    with pytest.raises(ValueError, match="soft-capping"):
+        build_feature_cache(target, [{"prompt_ids": [1, 2, 3], "response_ids": [4, 5]}], [1, 2, 3], tmp_path,
+                            progress=False)
