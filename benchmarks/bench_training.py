@@ -5,9 +5,11 @@ with random weights: the cost of a step does not depend on the weights. Sequence
 tokens; the draft uses a reduced 8,192-token vocabulary and 32 sampled anchors per batch (SPEC section 6).
 
     python benchmarks/bench_training.py [--steps 12] [--batch-size 4] [--out benchmarks/results/training.json]
+    python benchmarks/bench_training.py --feature-cache   # from the offline feature cache (built first, timed)
 """
 
 import argparse
+import tempfile
 import time
 from pathlib import Path
 
@@ -16,7 +18,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, TrainerCallback, Trainin
 
 from _common import report
 from dart_hf import DartDraftModel
-from dart_hf.training import DartDataCollator, DartTrainer
+from dart_hf.training import CachedFeatureDataset, DartDataCollator, DartTrainer, build_feature_cache
 
 
 class StepTimer(TrainerCallback):
@@ -36,6 +38,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--anchors", type=int, default=32)
     parser.add_argument("--draft-vocab", type=int, default=8192)
+    parser.add_argument("--feature-cache", action="store_true", help="train from the offline feature cache")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -51,6 +54,14 @@ def main() -> None:
         {"prompt_ids": torch.randint(0, 49152, (64,)).tolist(), "response_ids": torch.randint(0, 49152, (192,)).tolist()}
         for _ in range(args.batch_size * args.steps)
     ]
+    dataset, cache_seconds = examples, None
+    if args.feature_cache:
+        start = time.perf_counter()
+        cache = build_feature_cache(
+            target, examples, list(draft.config.feature_layers), tempfile.mkdtemp(), progress=False
+        )
+        cache_seconds = time.perf_counter() - start
+        dataset = CachedFeatureDataset(examples, cache)
     timer = StepTimer()
     trainer = DartTrainer(
         model=draft,
@@ -59,7 +70,7 @@ def main() -> None:
             report_to=[], remove_unused_columns=False, use_cpu=True, save_strategy="no", disable_tqdm=True,
             logging_steps=args.steps,
         ),
-        train_dataset=examples, data_collator=DartDataCollator(), callbacks=[timer], target=target,
+        train_dataset=dataset, data_collator=DartDataCollator(), callbacks=[timer], target=target,
         anchors_per_sequence=args.anchors,
     )
     trainer.train()
@@ -68,6 +79,8 @@ def main() -> None:
     tokens = args.batch_size * 256
     results = {
         "torch_threads": torch.get_num_threads(),
+        "feature_cache": args.feature_cache,
+        "cache_build_tokens_per_second": len(examples) * 256 / cache_seconds if cache_seconds else None,
         "batch_size": args.batch_size,
         "sequence_tokens": 256,
         "response_tokens": 192,

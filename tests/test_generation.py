@@ -39,7 +39,9 @@ def test_oracle_draft_is_lossless_and_tau_is_exact(arch, dtype, attn, correct_le
         # the oracle also knows the tokens past max_new_tokens, so the last step is as exact as the others
         longer = target.generate(prompt, max_new_tokens=NEW_TOKENS + 8, do_sample=False)
         draft.set_reference(longer, correct_levels)
-        got = target.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, assistant_model=draft)
+        got = target.generate(  # the full tree every step (the adaptive budget is tested in test_budget.py)
+            prompt, max_new_tokens=NEW_TOKENS, do_sample=False, assistant_model=draft, tree_options={"adaptive": False}
+        )
         assert torch.equal(got, expected)
         stats = draft.stats
         # every step accepts `correct_levels` drafted tokens plus the bonus token (the last may be cut by max length)

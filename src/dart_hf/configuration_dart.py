@@ -31,7 +31,9 @@ class DartConfig(PreTrainedConfig):
     below the root; `tree_top_k` tokens per level; `tree_beam_width` beams; level weight
     `(l + 1) ** -tree_level_decay`; logit weight `tree_logit_decay ** l`; N-gram weight `tree_ngram_weight`;
     `tree_ngram_at_root` scores level 0 with the N-gram too (paper variant); `tree_full_softmax` normalises the
-    draft probabilities over the whole vocabulary instead of the top-k (paper variant).
+    draft probabilities over the whole vocabulary instead of the top-k (paper variant). With `tree_adaptive`
+    `tree_budget` is the largest tree, and each step uses the budget the measured target forward costs and the
+    draft's acceptance say is fastest, down to plain decoding when drafting loses (`dart_hf.budget`).
     """
 
     model_type = "dart"
@@ -70,6 +72,7 @@ class DartConfig(PreTrainedConfig):
     tree_ngram_weight: float = 0.5
     tree_ngram_at_root: bool = False
     tree_full_softmax: bool = False
+    tree_adaptive: bool = True
 
     def __post_init__(self, **kwargs):
         if self.head_dim is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import functools
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -26,6 +27,7 @@ from transformers import (
 from transformers.cache_utils import DynamicSlidingWindowLayer
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from .budget import AdaptiveBudget, calibrate_forward_costs, calibration_key
 from .modeling_dart import DartDraftModel
 from .tree import BeamSearchTreePolicy, TopKTreePolicy, TreePolicy
 from .verify import accept, compact_cache, forward_tree
@@ -43,15 +45,28 @@ class DartStats:
     new_tokens: int = 0
     accepted_lengths: list[int] = field(default_factory=list)
     tree_sizes: list[int] = field(default_factory=list)
+    budgets: list[int] = field(default_factory=list)
+    plain_steps: int = 0
     prefill_time: float = 0.0
     draft_time: float = 0.0
     tree_time: float = 0.0
     verify_time: float = 0.0
+    plain_time: float = 0.0
     total_time: float = 0.0
 
     @property
     def tau(self) -> float:
         return sum(self.accepted_lengths) / max(len(self.accepted_lengths), 1)
+
+    @property
+    def chosen_budget(self) -> int | None:
+        """The tree budget used most often (the adaptive controller's choice), None without verify steps."""
+        return max(set(self.budgets), key=self.budgets.count) if self.budgets else None
+
+    @property
+    def plain_fraction(self) -> float:
+        """Share of the decoding steps that fell back to plain decoding (drafting did not pay)."""
+        return self.plain_steps / max(self.plain_steps + self.verify_steps, 1)
 
 
 def dart_generate(
@@ -76,15 +91,20 @@ def dart_generate(
     dart_streamer: the user's streamer (`generate` drops `streamer` for custom functions; the router renames it).
     tree_policy: builds each tree from the draft logits; default: the draft config's policy (`tree_*` fields).
     tree_options: per-call overrides of the config's tree fields, named without the `tree_` prefix
-        (`{"budget": 30, "ngram_weight": 0.3, "policy": "topk"}`), plus `use_ngram=False` to ignore the draft's
-        N-gram table; tree_budget / tree_top_k are shortcuts.
+        (`{"budget": 30, "ngram_weight": 0.3, "policy": "topk", "adaptive": False}`), plus `use_ngram=False` to
+        ignore the draft's N-gram table; tree_budget / tree_top_k are shortcuts.
+
+    With `adaptive` (the config's `tree_adaptive`, default on) the budget is the largest tree; each step uses the
+    budget that the measured forward costs and acceptance say is fastest, down to plain decoding steps when
+    drafting loses (`dart_hf.budget`; `draft.stats` reports the choice). A `tree_policy` object is used as given.
     """
     draft = _checked_draft(dart_draft, model)
     streamer = dart_streamer if dart_streamer is not None else streamer
     _check_generation_options(input_ids, generation_config)
     config = draft.config
+    options = dict(tree_options or {})
+    adaptive = options.pop("adaptive", config.tree_adaptive) and tree_policy is None
     if tree_policy is None:
-        options = dict(tree_options or {})
         options.update({k: v for k, v in (("budget", tree_budget), ("top_k", tree_top_k)) if v is not None})
         tree_policy = build_tree_policy(draft, eos_token_id=generation_config.eos_token_id, **options)
     cache = model_kwargs.get("cache")
@@ -123,25 +143,43 @@ def dart_generate(
     features = torch.cat([outputs.hidden_states[index] for index in feature_layers], dim=-1)
     first_logits = outputs.logits[:, -1].to(dtype=torch.float32, copy=True)
     first_scores = logits_processor(input_ids, first_logits)
-    if generation_config.do_sample:
-        first_token = int(torch.multinomial(torch.softmax(first_scores[0], dim=-1), num_samples=1))
-    else:
-        first_token = int(first_scores.argmax(dim=-1))
-    stopped = commit(first_token, first_scores, first_logits)
+    stopped = commit(choose_token(first_scores[0], generation_config.do_sample), first_scores, first_logits)
     del outputs
     stats.prefill_time = time.perf_counter() - start
 
+    max_budget = getattr(tree_policy, "budget", config.tree_budget)
+    controller = adaptive_budget(draft, model, max_budget) if adaptive else None
     draft_cache = DynamicCache()
     while not stopped:
-        # draft: rows for the positions the target just processed, each with the token that follows it
+        budget = controller.next_budget() if controller is not None else max_budget
+        if budget == 0:  # plain decoding step; its features wait for the draft's next step
+            tick = time.perf_counter()
+            outputs = model(input_ids=input_ids[:, -1:], cache=cache, use_cache=True, output_hidden_states=feature_layers)
+            step_features = torch.cat([outputs.hidden_states[index] for index in feature_layers], dim=-1)
+            features = torch.cat([features, step_features], dim=1)
+            token_logits = outputs.logits[:, -1].to(dtype=torch.float32, copy=True)
+            token_scores = logits_processor(input_ids, token_logits)
+            stopped = commit(choose_token(token_scores[0], generation_config.do_sample), token_scores, token_logits)
+            stats.plain_steps += 1
+            stats.plain_time += time.perf_counter() - tick
+            controller.record_plain_step()
+            continue
+
+        # draft: rows for the positions the target processed since the last draft step, each with the token that
+        # follows it
         tick = time.perf_counter()
         draft_logits = draft(features, input_ids=input_ids[:, -features.shape[1] :], cache=draft_cache).logits
         draft_cache.crop(-(config.draft_length - 1))
-        stats.draft_time += time.perf_counter() - tick
+        draft_seconds = time.perf_counter() - tick
+        stats.draft_time += draft_seconds
 
         tick = time.perf_counter()
-        tree = tree_policy(draft_logits[0], input_ids[0], draft.draft_to_target)
-        stats.tree_time += time.perf_counter() - tick
+        if controller is not None:
+            tree = tree_policy(draft_logits[0], input_ids[0], draft.draft_to_target, budget=budget)
+        else:
+            tree = tree_policy(draft_logits[0], input_ids[0], draft.draft_to_target)
+        tree_seconds = time.perf_counter() - tick
+        stats.tree_time += tree_seconds
 
         tick = time.perf_counter()
         past_len = cache.get_seq_length()
@@ -152,7 +190,10 @@ def dart_generate(
 
         stats.verify_steps += 1
         stats.tree_sizes.append(len(tree))
+        stats.budgets.append(budget)
         stats.accepted_lengths.append(len(acceptance.tokens))
+        if controller is not None:
+            controller.record_step(tree, acceptance.path, budget, draft_seconds + tree_seconds)
         for token, token_scores, token_logits in zip(acceptance.tokens, acceptance.scores, acceptance.logits):
             stopped = commit(token, token_scores, token_logits)
             if stopped:
@@ -173,6 +214,27 @@ def dart_generate(
     return sequences
 
 
+def choose_token(scores: torch.Tensor, do_sample: bool) -> int:
+    """The next token from processed scores `[V]`: sampled from their softmax, or the argmax (greedy)."""
+    if do_sample:
+        return int(torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1))
+    return int(scores.argmax())
+
+
+def adaptive_budget(draft: DartDraftModel, target: PreTrainedModel, max_budget: int) -> AdaptiveBudget:
+    """The budget controller for one `generate` call: the target's forward costs (calibrated once per model and
+    machine, then memoised on the draft) and the draft's acceptance history, shared across calls."""
+    key = calibration_key(target)
+    memo = getattr(draft, "_dart_forward_costs", None) or {}
+    if key not in memo or memo[key].node_counts[-1] < max_budget + 1:
+        memo[key] = calibrate_forward_costs(target, list(draft.config.feature_layers), max_budget + 1)
+        draft._dart_forward_costs = memo
+    history = getattr(draft, "_dart_acceptance_history", None)
+    if history is None:
+        history = draft._dart_acceptance_history = deque(maxlen=256)
+    return AdaptiveBudget(memo[key], max_budget, history)
+
+
 def build_tree_policy(draft: DartDraftModel, eos_token_id: int | list[int] | None = None, **options) -> TreePolicy:
     """The tree policy of the draft's config (`tree_*` fields), with `options` (names without `tree_`) on top.
     eos_token_id: the ids the beam search ranks last (default: the draft config's)."""
@@ -181,7 +243,8 @@ def build_tree_policy(draft: DartDraftModel, eos_token_id: int | list[int] | Non
     use_ngram = options.pop("use_ngram", True)  # False: search without the draft's N-gram table
     unknown = set(options) - set(fields)
     if unknown:
-        raise ValueError(f"Unknown tree option(s) {sorted(unknown)}; valid options: {list(fields) + ['use_ngram']}.")
+        valid = list(fields) + ["use_ngram", "adaptive"]
+        raise ValueError(f"Unknown tree option(s) {sorted(unknown)}; valid options: {valid}.")
     settings = {name: options.get(name, getattr(draft.config, f"tree_{name}")) for name in fields}
     policy = settings.pop("policy")
     if policy == "topk":

@@ -21,11 +21,16 @@ from .ngram import NgramTable
 
 @dataclass
 class Tree:
-    """tokens, parents, depths: `[N + 1]` long tensors; parents[0] = -1, depths[0] = 0, parents[i] < i."""
+    """tokens, parents, depths: `[N + 1]` long tensors; parents[0] = -1, depths[0] = 0, parents[i] < i.
+
+    ranks: optional `[N + 1]` long, the order in which the policy picked each node by score (root 0, best drafted
+    node 1, ...): the tree a budget of m would have built is the nodes of rank <= m. None means node order.
+    """
 
     tokens: torch.Tensor
     parents: torch.Tensor
     depths: torch.Tensor
+    ranks: torch.Tensor | None = None
 
     @classmethod
     def from_parents(cls, tokens: torch.Tensor | list[int], parents: torch.Tensor | list[int]) -> Tree:
@@ -84,10 +89,15 @@ class TreePolicy(Protocol):
     """Builds a tree from draft logits `[L, V_d]` (level l predicts depth l + 1).
 
     context: `[S]` the committed token ids; the last one is the root. draft_to_target maps draft ids to target ids.
+    budget: nodes below the root for this call (default: the policy's own `budget`).
     """
 
     def __call__(
-        self, draft_logits: torch.Tensor, context: torch.Tensor, draft_to_target: Callable[[torch.Tensor], torch.Tensor]
+        self,
+        draft_logits: torch.Tensor,
+        context: torch.Tensor,
+        draft_to_target: Callable[[torch.Tensor], torch.Tensor],
+        budget: int | None = None,
     ) -> Tree: ...
 
 
@@ -105,8 +115,13 @@ class TopKTreePolicy:
     top_k: int = 25
 
     def __call__(
-        self, draft_logits: torch.Tensor, context: torch.Tensor, draft_to_target: Callable[[torch.Tensor], torch.Tensor]
+        self,
+        draft_logits: torch.Tensor,
+        context: torch.Tensor,
+        draft_to_target: Callable[[torch.Tensor], torch.Tensor],
+        budget: int | None = None,
     ) -> Tree:
+        budget = self.budget if budget is None else budget
         root_token = int(context[-1])
         num_levels = draft_logits.shape[0]
         top_k = min(self.top_k, draft_logits.shape[-1])
@@ -118,7 +133,7 @@ class TopKTreePolicy:
         # heap entries: (-score, tie-breaker, parent node, level, rank within the level's top-k, parent score)
         heap = [(-level_scores[0][0], 0, 0, 0, 0, 0.0)]
         counter = 1
-        while heap and len(tokens) <= self.budget:
+        while heap and len(tokens) <= budget:
             neg_score, _, parent, level, rank, parent_score = heapq.heappop(heap)
             node = len(tokens)
             tokens.append(level_tokens[level][rank])
@@ -131,7 +146,9 @@ class TopKTreePolicy:
                 child_score = -neg_score + level_scores[level + 1][0]
                 heapq.heappush(heap, (-child_score, counter, node, level + 1, 0, -neg_score))
                 counter += 1
-        return Tree.from_parents(tokens, parents)
+        tree = Tree.from_parents(tokens, parents)
+        tree.ranks = torch.arange(len(tokens))  # nodes are popped best first
+        return tree
 
 
 @dataclass
@@ -162,8 +179,13 @@ class BeamSearchTreePolicy:
     eos_token_ids: tuple[int, ...] = ()
 
     def __call__(
-        self, draft_logits: torch.Tensor, context: torch.Tensor, draft_to_target: Callable[[torch.Tensor], torch.Tensor]
+        self,
+        draft_logits: torch.Tensor,
+        context: torch.Tensor,
+        draft_to_target: Callable[[torch.Tensor], torch.Tensor],
+        budget: int | None = None,
     ) -> Tree:
+        budget = self.budget if budget is None else budget
         logits = draft_logits.float()
         top_k = min(self.top_k, logits.shape[-1])
         top_logits, draft_ids = top_k_per_row(logits, top_k)
@@ -233,7 +255,7 @@ class BeamSearchTreePolicy:
         block_sizes = [block.size for block in pool_scores]
         depths = np.repeat(np.arange(1, len(block_sizes) + 1), block_sizes)
         tokens = np.concatenate([np.tile(level_tokens[d], size // top_k) for d, size in enumerate(block_sizes)])
-        budget = min(self.budget, scores.size)
+        budget = min(budget, scores.size)
         best = np.argpartition(-scores, budget - 1)[:budget] if budget < scores.size else np.arange(scores.size)
         kept = best[np.lexsort((depths[best], -scores[best]))]
         kept_set = np.zeros(scores.size + 1, dtype=bool)  # index -1 (the root) maps to the last slot
@@ -254,8 +276,11 @@ class BeamSearchTreePolicy:
         new_index = np.full(scores.size + 1, -1, dtype=np.int64)
         new_index[-1] = 0
         new_index[kept] = np.arange(1, kept.size + 1)
+        ranks = np.zeros(kept.size + 1, dtype=np.int64)
+        ranks[1 + np.lexsort((depths[kept], -scores[kept]))] = np.arange(1, kept.size + 1)  # best first, parents first
         return Tree(
             torch.from_numpy(np.concatenate([[int(context[-1])], tokens[kept]]).astype(np.int64)),
             torch.from_numpy(np.concatenate([[-1], new_index[parents[kept]]])),
             torch.from_numpy(np.concatenate([[0], depths[kept]]).astype(np.int64)),
+            torch.from_numpy(ranks),
         )

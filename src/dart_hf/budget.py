@@ -1,0 +1,193 @@
+"""Choosing the tree budget per step from measured costs and acceptance; plain decoding when drafting loses.
+
+A DART step runs the target once over a tree of n nodes (cost f(n)) plus the draft and the tree search (cost o),
+and commits tau(m) tokens on average for a tree budget m. Plain decoding commits one token per f(1). So:
+
+- f is measured once per model, dtype, device and thread count (`calibrate_forward_costs`) and cached on disk:
+  on a GPU f is nearly flat, on this project's 2-core CPU a 60-node tree costs over 2.5x one token.
+- tau(m) is estimated from the steps already verified. A policy's tree of budget m is its m best nodes (the
+  `Tree.ranks` <= m), so one step verified with budget b tells what every budget m <= b would have accepted.
+- `AdaptiveBudget` picks the m with the lowest cost per token, (o + f(m + 1)) / tau(m); when even that loses to
+  f(1), it decodes plainly and probes with a tree every `probe_interval` tokens to notice when drafting pays
+  again. Every `explore_every` steps it tries twice the chosen budget, which is how larger budgets get evidence.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from .tree import Tree
+from .verify import forward_tree
+
+CANDIDATE_BUDGETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+
+
+@dataclass
+class ForwardCosts:
+    """Seconds of one target forward over n tree nodes (root included), measured at `node_counts`; linear in
+    between and beyond."""
+
+    node_counts: list[int]
+    seconds: list[float]
+
+    def __call__(self, nodes: int) -> float:
+        counts, seconds = self.node_counts, self.seconds
+        if nodes > counts[-1] and len(counts) > 1:
+            slope = (seconds[-1] - seconds[-2]) / (counts[-1] - counts[-2])
+            return seconds[-1] + slope * (nodes - counts[-1])
+        return float(np.interp(nodes, counts, seconds))
+
+
+def cost_cache_dir() -> Path:
+    return Path(os.environ.get("DART_HF_CACHE", Path.home() / ".cache" / "dart-hf"))
+
+
+def calibration_key(target: PreTrainedModel) -> str:
+    """What the forward cost depends on: the model (name, size, dtype, attention), the device and the threads."""
+    config = target.config
+    size = sum(p.numel() for p in target.parameters())
+    return (
+        f"{config._name_or_path or config.model_type}|{config.model_type}|{size}|{target.dtype}|"
+        f"{config._attn_implementation}|{target.device}|threads={torch.get_num_threads()}|torch={torch.__version__}"
+    )
+
+
+@torch.no_grad()
+def calibrate_forward_costs(
+    target: PreTrainedModel,
+    feature_layers: list[int],
+    max_nodes: int,
+    context_length: int = 128,
+    repeats: int = 5,
+    use_disk_cache: bool = True,
+) -> ForwardCosts:
+    """Time the target's tree forward (as `forward_tree` runs it) for trees of 1 to `max_nodes` nodes over a
+    `context_length`-token cache; the median of `repeats` runs per size. Cached in `$DART_HF_CACHE/forward_costs.json`
+    under `calibration_key(target)`, so it runs once per model and machine."""
+    key = f"{calibration_key(target)}|context={context_length}"
+    path = cost_cache_dir() / "forward_costs.json"
+    stored = json.loads(path.read_text()) if use_disk_cache and path.exists() else {}
+    node_counts = sorted({1, max_nodes} | {n + 1 for n in CANDIDATE_BUDGETS if n + 1 < max_nodes})
+    if key in stored and stored[key]["node_counts"][-1] >= max_nodes:
+        return ForwardCosts(stored[key]["node_counts"], stored[key]["seconds"])
+
+    vocab_size = target.config.get_text_config().vocab_size
+    generator = torch.Generator().manual_seed(0)
+    context = torch.randint(0, vocab_size, (1, context_length), generator=generator).to(target.device)
+    cache = DynamicCache(config=target.config)
+    target(input_ids=context, cache=cache, use_cache=True)
+    seconds = []
+    for nodes in node_counts:
+        tree = Tree.from_parents(torch.randint(0, vocab_size, (nodes,), generator=generator), [-1] + [0] * (nodes - 1))
+        times = []
+        for repeat in range(repeats + 1):  # the first run warms up
+            _synchronize(target.device)
+            start = time.perf_counter()
+            forward_tree(target, tree, cache, feature_layers)
+            _synchronize(target.device)
+            times.append(time.perf_counter() - start)
+            cache.crop(-nodes)
+        seconds.append(float(np.median(times[1:])))
+    seconds = np.maximum.accumulate(seconds).tolist()  # more nodes never cost less: smooths timing noise
+    costs = ForwardCosts(node_counts, seconds)
+    if use_disk_cache:
+        stored[key] = {"node_counts": node_counts, "seconds": seconds}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(stored, indent=1))
+        os.replace(tmp, path)
+    return costs
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type != "cpu" and hasattr(torch, "accelerator"):
+        torch.accelerator.synchronize(device)
+
+
+@dataclass
+class StepRecord:
+    """One verified step: the budget it used and, for every m, whether the accepted path survives budget m:
+    `path_ranks[i]` is the largest rank among the first i + 1 accepted drafted nodes."""
+
+    budget: int
+    path_ranks: np.ndarray
+
+
+class AdaptiveBudget:
+    """Per-step choice of the tree budget (0 = one plain decoding step), from `ForwardCosts` and the acceptance
+    `history` (a deque of `StepRecord`, shared across `generate` calls so later calls start informed)."""
+
+    def __init__(
+        self,
+        costs: ForwardCosts,
+        max_budget: int,
+        history: deque,
+        probe_interval: int = 16,
+        explore_every: int = 8,
+        min_evidence: int = 4,
+    ):
+        self.costs = costs
+        self.max_budget = max_budget
+        self.history = history
+        self.probe_interval = probe_interval
+        self.explore_every = explore_every
+        self.min_evidence = min_evidence
+        self.overhead = None  # seconds of draft + tree search per step, a running mean
+        self.plain_run = 0  # plain steps since the last tree
+        self.steps = 0
+        self.budgets = [b for b in CANDIDATE_BUDGETS if b < max_budget] + [max_budget]
+
+    def estimate(self) -> dict[int, tuple[float, float]]:
+        """{budget m: (estimated tau(m), estimated seconds per committed token)} for the budgets with evidence."""
+        estimates = {}
+        overhead = self.overhead or 0.0
+        for budget in self.budgets:
+            records = [r for r in self.history if r.budget >= budget]
+            if len(records) < self.min_evidence:
+                continue
+            tau = 1.0 + float(np.mean([(r.path_ranks <= budget).sum() for r in records]))
+            estimates[budget] = (tau, (overhead + self.costs(budget + 1)) / tau)
+        return estimates
+
+    def best(self) -> tuple[int | None, float]:
+        """The budget with the lowest estimated seconds per token (None without evidence) and that cost."""
+        estimates = self.estimate()
+        if not estimates:
+            return None, float("inf")
+        budget = min(estimates, key=lambda m: estimates[m][1])
+        return budget, estimates[budget][1]
+
+    def next_budget(self) -> int:
+        """The budget for the next step; 0 means a plain decoding step."""
+        budget, seconds_per_token = self.best()
+        if budget is None:
+            return self.max_budget  # no evidence yet: gather it with the full tree
+        if seconds_per_token >= self.costs(1):  # drafting loses to plain decoding
+            if self.plain_run >= self.probe_interval:
+                return budget  # a probe: does drafting pay again? (its record resets the plain run)
+            return 0
+        self.steps += 1
+        if self.steps % self.explore_every == 0 and budget < self.max_budget:
+            return min(2 * budget, self.max_budget)
+        return budget
+
+    def record_step(self, tree: Tree, path: list[int], budget: int, overhead_seconds: float) -> None:
+        """After a verified step: the tree, its accepted node path (root first), the budget it was built with and
+        the seconds its draft forward and tree search took."""
+        ranks = tree.ranks if tree.ranks is not None else torch.arange(len(tree))
+        path_ranks = np.maximum.accumulate(ranks[path[1:]].numpy()) if len(path) > 1 else np.zeros(0, np.int64)
+        self.history.append(StepRecord(budget, path_ranks))
+        self.overhead = overhead_seconds if self.overhead is None else 0.8 * self.overhead + 0.2 * overhead_seconds
+        self.plain_run = 0
+
+    def record_plain_step(self) -> None:
+        self.plain_run += 1

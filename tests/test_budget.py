@@ -1,0 +1,141 @@
+"""The adaptive tree budget: cost model, decisions, tree ranks, calibration, and losslessness of plain steps."""
+
+from collections import deque
+
+import numpy as np
+import pytest
+import torch
+
+from _helpers import OracleDraft, prompts, tiny_target
+from dart_hf import DartDraftModel
+from dart_hf import budget as budget_module
+from dart_hf.budget import AdaptiveBudget, ForwardCosts, StepRecord, calibrate_forward_costs, calibration_key
+from dart_hf.tree import BeamSearchTreePolicy, TopKTreePolicy
+
+FLAT = ForwardCosts([1, 65], [0.010, 0.011])
+STEEP = ForwardCosts([1, 65], [0.010, 0.650])  # 10 ms per node: drafting never pays unless tau is huge
+
+
+def history_of(records):
+    return deque([StepRecord(budget, np.array(ranks, dtype=np.int64)) for budget, ranks in records], maxlen=256)
+
+
+def test_forward_costs_interpolate_and_extrapolate():
+    costs = ForwardCosts([1, 9, 17], [1.0, 2.0, 4.0])
+    assert costs(1) == 1.0 and costs(5) == pytest.approx(1.5) and costs(13) == pytest.approx(3.0)
+    assert costs(25) == pytest.approx(6.0)  # the last segment's slope
+
+
+def test_no_evidence_uses_the_largest_tree():
+    assert AdaptiveBudget(STEEP, 60, deque()).next_budget() == 60
+
+
+def test_flat_costs_and_deep_acceptance_pick_a_large_budget():
+    # every step accepted 6 drafted nodes whose ranks rise to 40: only budgets >= 40 keep the whole path
+    controller = AdaptiveBudget(FLAT, 60, history_of([(60, [1, 3, 8, 15, 30, 40])] * 8))
+    estimates = controller.estimate()
+    assert estimates[60][0] == 7.0 and estimates[32][0] == 6.0 and estimates[1][0] == 2.0
+    assert controller.next_budget() == 48
+
+
+def test_steep_costs_and_poor_acceptance_fall_back_to_plain_decoding_and_probe():
+    controller = AdaptiveBudget(STEEP, 60, history_of([(60, [])] * 8), probe_interval=4)
+    decisions = []
+    for _ in range(6):
+        choice = controller.next_budget()
+        decisions.append(choice)
+        if choice == 0:
+            controller.record_plain_step()
+    assert decisions[:4] == [0, 0, 0, 0] and decisions[4] > 0  # the probe after 4 plain steps
+    assert controller.best()[0] == 1  # the cheapest tree, still slower than plain decoding
+
+
+def test_evidence_only_counts_steps_whose_tree_held_the_budget():
+    controller = AdaptiveBudget(FLAT, 60, history_of([(8, [1, 2])] * 5), min_evidence=4)
+    assert set(controller.estimate()) == {1, 2, 3, 4, 6, 8}
+
+
+def test_exploration_tries_twice_the_chosen_budget():
+    moderate = ForwardCosts([1, 65], [0.010, 0.074])  # 1 ms per node
+    controller = AdaptiveBudget(moderate, 60, history_of([(60, [1, 2, 3])] * 8), explore_every=3)
+    choices = [controller.next_budget() for _ in range(6)]
+    best = controller.best()[0]
+    assert best == 3  # the smallest tree that holds the whole accepted path
+    assert choices == [best, best, 2 * best, best, best, 2 * best]
+
+
+@pytest.mark.parametrize("policy", [TopKTreePolicy(budget=40, top_k=6), BeamSearchTreePolicy(budget=40, top_k=6)])
+def test_the_tree_of_a_smaller_budget_is_the_nodes_of_lower_rank(policy):
+    logits = torch.randn(8, 50, generator=torch.Generator().manual_seed(0)) * 3
+    context = torch.tensor([5, 6, 7])
+    full = policy(logits, context, lambda ids: ids)
+
+    def paths(tree, nodes):
+        return {tuple(tree.tokens[tree.path_to(n)].tolist()) for n in nodes}
+
+    for budget in (1, 5, 17, 40):
+        small = policy(logits, context, lambda ids: ids, budget=budget)
+        assert len(small) == budget + 1
+        lower = [n for n in range(len(full)) if int(full.ranks[n]) <= budget]
+        assert paths(small, range(len(small))) == paths(full, lower)
+    parents = full.parents[1:]
+    assert bool((full.ranks[parents] < full.ranks[1:]).all())  # a parent always ranks before its children
+
+
+def test_calibration_measures_once_and_is_cached_on_disk(tmp_path, monkeypatch):
+    monkeypatch.setenv("DART_HF_CACHE", str(tmp_path))
+    target = tiny_target("llama")
+    costs = calibrate_forward_costs(target, [2, 3, 4], max_nodes=17, context_length=16, repeats=1)
+    assert costs.node_counts[0] == 1 and costs.node_counts[-1] == 17 and all(s > 0 for s in costs.seconds)
+    assert calibration_key(target) in (tmp_path / "forward_costs.json").read_text()
+
+    def no_forward(*args, **kwargs):
+        raise AssertionError("the cached calibration should have been used")
+
+    monkeypatch.setattr(budget_module, "forward_tree", no_forward)
+    again = calibrate_forward_costs(target, [2, 3, 4], max_nodes=17, context_length=16, repeats=1)
+    assert again == costs
+
+
+def force_costs(draft, target, costs):
+    draft._dart_forward_costs = {calibration_key(target): costs}
+
+
+def test_plain_fallback_is_lossless_greedy_and_engages():
+    target = tiny_target("qwen3", seed=3)
+    draft = DartDraftModel.from_target(target)  # untrained: nothing is accepted
+    force_costs(draft, target, STEEP)
+    for prompt in prompts(3, seed=4):
+        expected = target.generate(prompt, max_new_tokens=48, do_sample=False)
+        got = target.generate(prompt, max_new_tokens=48, do_sample=False, assistant_model=draft)
+        assert torch.equal(got, expected)
+    stats = draft.stats
+    assert stats.plain_steps > 30 and stats.plain_fraction > 0.8 and stats.verify_steps >= 2  # probes
+    assert stats.plain_steps + sum(stats.accepted_lengths) == 47  # the first token comes from the prefill
+
+
+def test_plain_steps_sample_exactly_like_vanilla_generate():
+    target = tiny_target("llama", seed=5)
+    draft = DartDraftModel.from_target(target)
+    force_costs(draft, target, STEEP)
+    draft._dart_acceptance_history = history_of([(60, [])] * 8)  # known to lose: plain from the first step
+    prompt = prompts(1, seed=6)[0]
+    torch.manual_seed(11)
+    expected = target.generate(prompt, max_new_tokens=12, do_sample=True, top_k=20)
+    torch.manual_seed(11)
+    got = target.generate(prompt, max_new_tokens=12, do_sample=True, top_k=20, assistant_model=draft)
+    assert draft.stats.verify_steps == 0 and draft.stats.plain_steps == 11
+    assert torch.equal(got, expected)  # the same random draws as vanilla sampling
+
+
+def test_a_good_draft_with_flat_costs_never_falls_back():
+    target = tiny_target("llama", seed=2)
+    draft = OracleDraft.from_target(target)
+    force_costs(draft, target, FLAT)
+    prompt = prompts(1, seed=3)[0]
+    longer = target.generate(prompt, max_new_tokens=72, do_sample=False)
+    draft.set_reference(longer, 5)
+    expected = target.generate(prompt, max_new_tokens=64, do_sample=False)
+    assert torch.equal(target.generate(prompt, max_new_tokens=64, do_sample=False, assistant_model=draft), expected)
+    assert draft.stats.plain_steps == 0 and draft.stats.tau == 6
+    assert draft.stats.chosen_budget is not None
