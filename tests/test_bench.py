@@ -13,12 +13,13 @@ def test_run_benchmark_summary_table_and_plot(tmp_path, monkeypatch):
     tokenizer = char_tokenizer()
     summary = bench.run_benchmark(
         target, tokenizer, draft, ["set-a", "set-b"], prompts_per_set=2, max_new_tokens=16,
-        methods=["vanilla", "prompt_lookup", "dart_no_ngram", "dart"],
+        methods=["vanilla", "prompt_lookup", "dart_chain", "dart_no_ngram", "dart"],
     )
     assert set(summary) == {"set-a", "set-b", "overall"}
     overall = summary["overall"]
     assert overall["vanilla"]["speedup_total"] == 1.0 and overall["dart"]["prompts"] == 4
     assert overall["dart"]["greedy_mismatches"] == 0 and overall["dart"]["tau"] >= 1.0
+    assert overall["dart_chain"]["greedy_mismatches"] == 0 and overall["dart_chain"]["prompts"] == 4
     assert abs(sum(overall["dart"]["time_split"].values()) - 1.0) < 1e-9
     table = bench.markdown_table(summary)
     assert "| overall |" in table and "dart speedup (tau)" in table

@@ -54,7 +54,7 @@ def run_benchmark(
     tree_options: dict | None = None,
 ) -> dict:
     """Run every method on every prompt, interleaved; returns a JSON-ready dict of per-set results."""
-    methods = methods or ["vanilla", "vanilla_bf16", "prompt_lookup", "dart_no_ngram", "dart"]
+    methods = methods or ["vanilla", "vanilla_bf16", "prompt_lookup", "dart_chain", "dart_no_ngram", "dart"]
     if draft is None:
         methods = [m for m in methods if not m.startswith("dart")]
     bf16_target = None
@@ -80,6 +80,8 @@ def run_benchmark(
                 options = dict(tree_options or {})
                 if method == "dart_no_ngram":
                     options["use_ngram"] = False
+                if method == "dart_chain":  # Transformers' assisted decoding with DART's chain candidates
+                    kwargs["dart_chain"] = True
                 kwargs["tree_options"] = options
             if do_sample:
                 torch.manual_seed(0)

@@ -260,7 +260,8 @@ def build_tree_policy(draft: DartDraftModel, eos_token_id: int | list[int] | Non
 
 def install_generate_router(target: PreTrainedModel) -> None:
     """Replace `target.generate` on this instance with a router: an `assistant_model` that is a `DartDraftModel`
-    goes to `dart_generate` (through `generate`'s own preparation); everything else goes to `generate` unchanged."""
+    goes to `dart_generate` (through `generate`'s own preparation), or with `dart_chain=True` to Transformers' own
+    assisted decoding fed by `DartCandidateGenerator`; everything else goes to `generate` unchanged."""
     if getattr(target.generate, "_dart_router", False):
         return
     original_generate = target.generate
@@ -271,6 +272,16 @@ def install_generate_router(target: PreTrainedModel) -> None:
             return original_generate(*args, assistant_model=assistant_model, **kwargs)
         if kwargs.get("custom_generate") is not None:
             raise ValueError("Pass either `assistant_model=<DART draft>` or `custom_generate=`, not both.")
+        if kwargs.pop("dart_chain", False):  # Transformers' own assisted decoding, with DART's chain candidates
+            from .candidates import dart_candidate_generator
+
+            tree_options = dict(kwargs.pop("tree_options", None) or {})
+            tree_options.pop("adaptive", None)
+            generation_config = kwargs.get("generation_config") or target.generation_config
+            eos = kwargs.get("eos_token_id", generation_config.eos_token_id)
+            policy = build_tree_policy(assistant_model, eos_token_id=eos, **tree_options)
+            with dart_candidate_generator(target, assistant_model, policy):
+                return original_generate(*args, assistant_model=assistant_model, **kwargs)
         # `generate` drops `streamer` and `tokenizer` for custom functions: forward the streamer under another
         # name, and turn `stop_strings` (which needs the tokenizer) into a stopping criterion here
         streamer = kwargs.pop("streamer", None)
