@@ -306,6 +306,16 @@ class DartDraftModel(DartPreTrainedModel):
         if self.ngram is not None:
             self.ngram.save(os.path.join(save_directory, NGRAM_FILENAME))
 
+    def push_to_hub(self, repo_id: str, **kwargs):
+        """Upload the draft (weights, config, remote code, N-gram table) with a generated model card (`README.md`
+        with the Hub's metadata header: `library_name: dart-hf`, `base_model`, tags) in one commit.
+
+        Keyword arguments: `commit_message`, `private`, `token`, `revision`, `create_pr`; `model_card` (a ready
+        `huggingface_hub.ModelCard`) or the card fields of `dart_hf.model_card.draft_model_card` (`base_model`,
+        `results`, `training`, `license`, `datasets`, `limitations`). Returns the `CommitInfo`."""
+        model_card = importlib.import_module(f"{__package__}.model_card")  # by name: see `bind`
+        return model_card.push_draft_to_hub(self, repo_id, **kwargs)
+
     @property
     def target(self) -> PreTrainedModel:
         if not self._bound_target:
