@@ -47,3 +47,25 @@ def test_convert_trie(tmp_path):
     converted = NgramTable.load(tmp_path / "t.safetensors")
     direct = NgramTable.from_sequences(corpus, vocab_size=12, eos_token_id=11, progress=False)
     assert np.array_equal(converted.keys, direct.keys) and np.array_equal(converted.counts, direct.counts)
+
+
+def test_generate_command_prints_the_answer_tau_and_speedup(tmp_path, capsys):
+    import torch
+
+    from _helpers import char_tokenizer, tiny_target
+    from dart_hf import DartDraftModel
+
+    target = tiny_target("llama", seed=8)
+    tokenizer = char_tokenizer()
+    target.save_pretrained(tmp_path / "target")
+    tokenizer.save_pretrained(tmp_path / "target")
+    DartDraftModel.from_target(target).save_pretrained(tmp_path / "draft")
+    main(["generate", "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"), "--prompt", "hi",
+          "--max-new-tokens", "16", "--rounds", "1"])
+    printed = capsys.readouterr().out
+    inputs = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
+                                           return_tensors="pt", return_dict=True)
+    vanilla = target.generate(**inputs, max_new_tokens=16, do_sample=False)
+    answer = tokenizer.decode(vanilla[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+    assert printed.startswith(answer) and "tau " in printed
+    assert "speedup over vanilla generate" in printed and "identical to vanilla" in printed

@@ -1,5 +1,6 @@
 """The `dart-hf` command line.
 
+    dart-hf generate       answer a prompt with a target and its DART draft; tau and the speedup over vanilla
     dart-hf build-ngram    a table from text / JSONL files
     dart-hf convert-trie   the reference implementation's `.trie` binary to a dart-hf table
     dart-hf self-distill   regenerate the responses of a prompt set with the target (training data)
@@ -33,6 +34,42 @@ def read_documents(paths: list[Path], field: str) -> Iterator[str]:
                 yield record[field]
         else:
             yield text
+
+
+def generate_command(args: argparse.Namespace) -> None:
+    import time
+
+    import torch
+
+    from .modeling_dart import DartDraftModel
+    from .zoo import load_target
+
+    target, tokenizer = load_target(args.target)
+    draft = DartDraftModel.from_pretrained(args.draft, target=target)
+    inputs = tokenizer.apply_chat_template(
+        [{"role": "user", "content": args.prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    ).to(target.device)
+    settings = dict(max_new_tokens=args.max_new_tokens, do_sample=args.sample)
+    seconds = {"vanilla": 0.0, "dart": 0.0}
+    for _ in range(max(args.rounds, 1)):  # interleaved, so machine noise hits both alike
+        if args.sample:
+            torch.manual_seed(0)
+        start = time.perf_counter()
+        output = target.generate(**inputs, assistant_model=draft, **settings)
+        seconds["dart"] += time.perf_counter() - start
+        if not args.no_compare:
+            start = time.perf_counter()
+            vanilla = target.generate(**inputs, **settings)
+            seconds["vanilla"] += time.perf_counter() - start
+    stats = draft.stats
+    print(tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True))
+    print(
+        f"\ntau {stats.tau:.2f} tokens per target forward; tree budget {stats.chosen_budget}; "
+        f"{stats.plain_fraction:.0%} plain decoding steps"
+    )
+    if not args.no_compare:
+        same = "identical to vanilla" if torch.equal(output, vanilla) else "differs from vanilla (sampling)"
+        print(f"speedup over vanilla generate: {seconds['vanilla'] / seconds['dart']:.2f}x ({max(args.rounds, 1)} rounds); {same}")
 
 
 def build_ngram(args: argparse.Namespace) -> None:
@@ -162,6 +199,16 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="dart-hf", description="DART speculative decoding for Transformers.")
     commands = parser.add_subparsers(dest="command", required=True)
 
+    run = commands.add_parser("generate", help="answer a prompt with DART; print tau and the speedup over vanilla")
+    run.add_argument("--target", required=True, help="target: a zoo name (smollm2-135m-instruct), Hub id or folder")
+    run.add_argument("--draft", required=True, help="DART draft: a folder or Hub repo")
+    run.add_argument("--prompt", default="Explain speculative decoding in two sentences.")
+    run.add_argument("--max-new-tokens", type=int, default=128)
+    run.add_argument("--sample", action="store_true", help="sample (T=1) instead of greedy decoding")
+    run.add_argument("--rounds", type=int, default=2, help="timed rounds of DART and vanilla, interleaved")
+    run.add_argument("--no-compare", action="store_true", help="skip the vanilla run (no speedup)")
+    run.set_defaults(handler=generate_command)
+
     build = commands.add_parser("build-ngram", help="count token n-grams of text files into a table")
     build.add_argument("--tokenizer", required=True, help="tokenizer name or local path (the target's tokenizer)")
     build.add_argument("inputs", nargs="+", type=Path, help=".jsonl files (one document per line) or text files")
@@ -172,7 +219,9 @@ def main(argv: list[str] | None = None) -> None:
     build.add_argument("--output", type=Path, default=Path("ngram.safetensors"), help="output table file")
     build.set_defaults(handler=build_ngram)
 
-    convert = commands.add_parser("convert-trie", help="convert a reference DART .trie file into a table")
+    convert = commands.add_parser(
+        "convert-trie", aliases=["convert"], help="convert a reference DART .trie file into a table"
+    )
     convert.add_argument("trie", type=Path)
     convert.add_argument("--vocab-size", type=int, required=True, help="the target tokenizer's vocabulary size")
     convert.add_argument("--output", type=Path, default=Path("ngram.safetensors"))
