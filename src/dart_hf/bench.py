@@ -114,6 +114,8 @@ def run_benchmark(
 
 
 def summarise(results: dict[str, dict[str, MethodResult]]) -> dict:
+    """Per set and overall: prompts, tokens/s, speedups over vanilla (median of per-prompt ratios, total time), and
+    for DART methods tau, time split, greedy mismatches, plain-decoding share and chosen budget."""
     summary = {}
     for set_name, per_method in list(results.items()) + [("overall", _merge(results))]:
         vanilla = per_method.get("vanilla")
@@ -157,6 +159,8 @@ def _merge(results: dict[str, dict[str, MethodResult]]) -> dict[str, MethodResul
 
 
 def markdown_table(summary: dict) -> str:
+    """The summary as a markdown table: total-time speedup per set and method, with tau (and the plain-decoding
+    share) for DART."""
     methods = list(next(iter(summary.values())))
     header = "| set | " + " | ".join(f"{m} speedup (tau)" for m in methods) + " |"
     lines = [header, "|" + " --- |" * (len(methods) + 1)]
@@ -174,6 +178,7 @@ def markdown_table(summary: dict) -> str:
 
 
 def plot(summary: dict, path: Path) -> None:
+    """Bar charts of the speedup and tau per set and method, saved as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -198,6 +203,7 @@ def plot(summary: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """`dart-hf bench`: run the benchmark and write JSON, markdown and PNG next to `--out`."""
     parser = argparse.ArgumentParser(prog="dart-hf bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default="smollm2-135m-instruct")

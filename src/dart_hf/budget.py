@@ -48,6 +48,7 @@ class ForwardCosts:
 
 
 def cost_cache_dir() -> Path:
+    """Where calibrated forward costs are cached: `$DART_HF_CACHE`, default `~/.cache/dart-hf`."""
     return Path(os.environ.get("DART_HF_CACHE", Path.home() / ".cache" / "dart-hf"))
 
 
@@ -190,4 +191,5 @@ class AdaptiveBudget:
         self.plain_run = 0
 
     def record_plain_step(self) -> None:
+        """After a plain decoding step (counts towards the next probe)."""
         self.plain_run += 1

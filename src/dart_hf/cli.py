@@ -37,6 +37,7 @@ def read_documents(paths: list[Path], field: str) -> Iterator[str]:
 
 
 def generate_command(args: argparse.Namespace) -> None:
+    """`dart-hf generate`: answer one prompt with DART, print tau, and the speedup over interleaved vanilla runs."""
     import time
 
     import torch
@@ -73,6 +74,7 @@ def generate_command(args: argparse.Namespace) -> None:
 
 
 def build_ngram(args: argparse.Namespace) -> None:
+    """`dart-hf build-ngram`: count the n-grams of text / JSONL files (tokenized with the target's tokenizer)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
@@ -85,12 +87,14 @@ def build_ngram(args: argparse.Namespace) -> None:
 
 
 def convert_trie(args: argparse.Namespace) -> None:
+    """`dart-hf convert`: the reference implementation's `.trie` table as a dart-hf table."""
     table = NgramTable.from_trie(args.trie, vocab_size=args.vocab_size)
     table.save(args.output)
     print(f"wrote {args.output}: {table.describe()}")
 
 
 def self_distill_command(args: argparse.Namespace) -> None:
+    """`dart-hf self-distill`: the target regenerates the replies of a prompt set (resumable JSONL)."""
     from .prompts import training_prompts
     from .training.data import load_conversations, self_distill, tokenize_conversation
     from .zoo import load_target
@@ -109,6 +113,7 @@ def self_distill_command(args: argparse.Namespace) -> None:
 
 
 def train_command(argv: list[str]) -> None:
+    """`dart-hf train`: DART + Trainer arguments (or one JSON / YAML file) -> a trained draft in `output_dir`."""
     import torch
     from transformers import EarlyStoppingCallback, HfArgumentParser, TrainingArguments
 
@@ -189,6 +194,7 @@ def train_command(argv: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Entry point of the `dart-hf` command."""
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "train":  # Trainer's own arguments: parsed by HfArgumentParser
         return train_command(argv[1:])

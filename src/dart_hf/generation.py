@@ -56,6 +56,7 @@ class DartStats:
 
     @property
     def tau(self) -> float:
+        """Mean tokens committed per verify step (bonus token included); 0 without verify steps."""
         return sum(self.accepted_lengths) / max(len(self.accepted_lengths), 1)
 
     @property

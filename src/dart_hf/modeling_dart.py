@@ -122,6 +122,7 @@ class DartDecoderLayer(nn.Module):
 
 
 class DartPreTrainedModel(PreTrainedModel):
+    """Weight initialisation and loading rules shared by DART draft models."""
     config: DartConfig
     base_model_prefix = "dart"
     _supports_sdpa = True
@@ -318,6 +319,7 @@ class DartDraftModel(DartPreTrainedModel):
 
     @property
     def target(self) -> PreTrainedModel:
+        """The target model this draft is bound to (`bind`); raises when unbound."""
         if not self._bound_target:
             raise RuntimeError(
                 "This DART draft is not bound to a target model. Call `draft.bind(target)` or load it with "

@@ -23,6 +23,7 @@ TARGETS = {"smollm2-135m-instruct": SMOLLM2_HUB_ID}
 
 
 def cache_root() -> Path:
+    """The dart-hf cache folder: `$DART_HF_CACHE`, default `~/.cache/dart-hf`."""
     return Path(os.environ.get("DART_HF_CACHE", Path.home() / ".cache" / "dart-hf"))
 
 

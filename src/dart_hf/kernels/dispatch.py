@@ -12,6 +12,7 @@ from . import kv_compact, tree_mask as tree_mask_module
 
 @functools.cache
 def triton_available() -> bool:
+    """Whether Triton imports here (the kernels need it for CUDA tensors)."""
     try:
         import triton  # noqa: F401
     except ImportError:

@@ -30,6 +30,7 @@ class TreeAttentionMetadata:
 
     @classmethod
     def from_parents(cls, parents: torch.Tensor, past_len: int) -> TreeAttentionMetadata:
+        """Packed ancestor bits of the tree given by `parents` `[N]`, after `past_len` cached positions."""
         return cls(past_len, pack_bits(ancestor_matrix(parents)))
 
 
@@ -46,6 +47,7 @@ def pack_bits(matrix: torch.Tensor) -> torch.Tensor:
 
 
 def unpack_bits(bits: torch.Tensor, columns: int) -> torch.Tensor:
+    """Inverse of `pack_bits`: `[R, ceil(C / 32)]` int64 words of 32 bits -> `[R, C]` bool."""
     shifts = torch.arange(BITS_PER_WORD, device=bits.device)
     return ((bits[..., None] >> shifts) & 1).bool().flatten(-2)[..., :columns]
 

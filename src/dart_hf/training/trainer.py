@@ -98,6 +98,7 @@ class DartTrainer(Trainer):
         self._hits = self._counts = None  # top-1 agreement per depth since the last log, for the progress logs
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """The prefix-shared gamma-weighted KL of one batch (and the per-depth agreement for the logs)."""
         draft = self.accelerator.unwrap_model(model)
         rows = draft_rows(
             draft, self.target, inputs, self.anchors_per_sequence, forward=model, attention=self.training_attention
@@ -129,6 +130,7 @@ class DartTrainer(Trainer):
         super().log(logs, *args, **kwargs)
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """Held-out alpha_1..alpha_8 and chain tau (`evaluate_draft`), logged with the `eval_` prefix."""
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
         draft = self.accelerator.unwrap_model(self.model)
         metrics = evaluate_draft(draft, self.target, dataset, self.data_collator, self.args.per_device_eval_batch_size)
