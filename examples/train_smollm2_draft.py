@@ -23,7 +23,10 @@ def main() -> None:
     parser.add_argument("--eval-steps", type=int, default=250, help="evaluate and checkpoint this often")
     parser.add_argument("--init-draft", default=None, help="warm-start from this draft")
     parser.add_argument("--output", default="drafts/smollm2-135m-instruct-dart")
+    parser.add_argument("--ngram-only", action="store_true", help="only (re)build the N-gram table in --output")
     args = parser.parse_args()
+    if args.ngram_only:
+        return build_ngram_table(Path(args.output))
     DATA.mkdir(parents=True, exist_ok=True)
     if args.distill_minutes > 0:
         command = [sys.executable, "-m", "dart_hf.cli", "self-distill", "--target", "smollm2-135m-instruct",
@@ -59,6 +62,25 @@ def main() -> None:
     start = time.time()
     subprocess.run([sys.executable, "-m", "dart_hf.cli", "train", str(DATA / "train_config.json")], check=True)
     print(f"trained in {(time.time() - start) / 60:.1f} min -> {args.output}")
+    build_ngram_table(Path(args.output))
+
+
+def build_ngram_table(output: Path) -> None:
+    """The draft's N-gram table: the target's own replies (training split of the self-distilled file) plus the
+    Alpaca demo replies (Apache-2.0), prompts included; saved as `ngram.safetensors` beside the draft."""
+    from dart_hf import NgramTable
+    from dart_hf.training import conversation_examples, load_conversations, load_examples
+    from dart_hf.zoo import load_target
+
+    _, tokenizer = load_target("smollm2-135m-instruct")
+    examples = load_examples([DATA / "train.jsonl"])
+    examples += conversation_examples(tokenizer, load_conversations(DATA / "alpaca_demo_replies.json"))
+    table = NgramTable.from_sequences(
+        (e["prompt_ids"] + e["response_ids"] for e in examples), vocab_size=len(tokenizer), order=3
+    )
+    table.metadata["source"] = "self-distilled train split + Alpaca demo replies"
+    table.save(output / "ngram.safetensors")
+    print(f"N-gram table: {table.describe()} -> {output / 'ngram.safetensors'}")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from .prompts import PROMPT_SETS, load_prompts
 from .zoo import load_target
 
 BENCHMARK_SETS = [name for name, prompt_set in PROMPT_SETS.items() if prompt_set.role == "benchmark"]
+METHODS = ["vanilla", "vanilla_bf16", "prompt_lookup", "dart_chain", "dart_no_ngram", "dart"]
 
 
 @dataclass
@@ -54,7 +55,9 @@ def run_benchmark(
     tree_options: dict | None = None,
 ) -> dict:
     """Run every method on every prompt, interleaved; returns a JSON-ready dict of per-set results."""
-    methods = methods or ["vanilla", "vanilla_bf16", "prompt_lookup", "dart_chain", "dart_no_ngram", "dart"]
+    methods = methods or list(METHODS)
+    if "vanilla" not in methods:
+        methods = ["vanilla"] + methods  # the reference for every speedup and the greedy check
     if draft is None:
         methods = [m for m in methods if not m.startswith("dart")]
     bf16_target = None
@@ -214,6 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sample", action="store_true", help="T=1 sampling instead of greedy")
     parser.add_argument("--quick", action="store_true", help="2 prompts per set, 32 new tokens")
     parser.add_argument("--tree-budget", type=int, default=None, help="tree nodes (default: the draft's config)")
+    parser.add_argument("--methods", nargs="+", default=None, choices=METHODS, help=f"default: all of {METHODS}")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/bench"))
     args = parser.parse_args(argv)
     if args.quick:
@@ -222,7 +226,7 @@ def main(argv: list[str] | None = None) -> None:
     draft = DartDraftModel.from_pretrained(args.draft, target=target) if args.draft else None
     summary = run_benchmark(
         target, tokenizer, draft, args.sets, args.prompts_per_set, args.max_new_tokens, do_sample=args.sample,
-        tree_options={"budget": args.tree_budget} if args.tree_budget else None,
+        methods=args.methods, tree_options={"budget": args.tree_budget} if args.tree_budget else None,
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     Path(f"{args.out}.json").write_text(json.dumps(summary, indent=2) + "\n")
