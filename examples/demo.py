@@ -32,7 +32,11 @@ def main() -> None:
     print("new tokens:", dart[0, prompt.shape[1]:].tolist())
     print(f"identical to vanilla greedy: {torch.equal(dart, vanilla)}")
     print(
-        f"verify steps: {stats.verify_steps}, tau: {stats.tau:.2f} tokens/step, "
+        f"verify steps: {stats.verify_steps} (tree budget {stats.chosen_budget}), plain decoding steps: "
+        f"{stats.plain_steps} (the adaptive budget falls back to them while this untrained draft does not pay)"
+    )
+    print(
+        f"tau: {stats.tau:.2f} tokens/step, "
         f"time draft / tree / verify: {stats.draft_time:.3f} / {stats.tree_time:.3f} / {stats.verify_time:.3f} s"
     )
 
