@@ -245,9 +245,9 @@ def main(argv: list[str] | None = None) -> None:
     distill.add_argument("--batch-size", type=int, default=16)
     distill.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
     distill.add_argument(
-        "--scheduler", choices=["continuous", "static"], default="continuous",
-        help="continuous: Transformers' continuous batching, finished rows are refilled at once (default); "
-        "static: length-grouped left-padded batches",
+        "--scheduler", choices=["auto", "continuous", "static"], default="auto",
+        help="continuous: Transformers' continuous batching, finished rows are refilled at once; static: "
+        "length-grouped left-padded batches; auto (default): continuous on a GPU, static on a CPU (faster there)",
     )
     distill.set_defaults(handler=self_distill_command)
 

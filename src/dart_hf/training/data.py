@@ -104,19 +104,22 @@ def self_distill(
     batch_size: int = 16,
     pad_token_id: int = 0,
     progress: bool = True,
-    scheduler: str = "continuous",
+    scheduler: str = "auto",
 ) -> list[dict]:
     """Regenerate the responses with the target (greedy), so the draft learns the target's own outputs.
 
     scheduler "continuous": Transformers' continuous batching (`init_continuous_batching`): a finished row is
     refilled with the next prompt at once, and each response is written as soon as it finishes; `batch_size` caps
     the requests decoded together. "static": prompts grouped by length in left-padded `generate` batches, written
-    batch by batch. Either way every record is appended to `output_path` (JSONL, one `{"id", "prompt_ids",
+    batch by batch. "auto" (default): continuous on an accelerator, static on a CPU, where continuous batching
+    measured slower (SmolLM2-135M, 2 cores, 16 prompts x 48 tokens: 50-58 against 82-86 tokens/s). Either way every record is appended to `output_path` (JSONL, one `{"id", "prompt_ids",
     "response_ids"}` per prompt, id = index in `prompts`) and flushed, so an interrupted run loses nothing it
     already generated; a rerun skips the ids already written. Returns all examples in the file.
     """
-    if scheduler not in ("continuous", "static"):
-        raise ValueError(f"scheduler must be 'continuous' or 'static', got {scheduler!r}.")
+    if scheduler not in ("auto", "continuous", "static"):
+        raise ValueError(f"scheduler must be 'auto', 'continuous' or 'static', got {scheduler!r}.")
+    if scheduler == "auto":
+        scheduler = "static" if target.device.type == "cpu" else "continuous"
     output_path = Path(output_path)
     _drop_partial_last_line(output_path)
     done = {record["id"] for record in _read_jsonl(output_path)}
