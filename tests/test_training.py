@@ -218,3 +218,17 @@ def test_draft_rows_flex_equals_dense(tmp_path):
     torch.testing.assert_close(flex.draft_logits, dense.draft_logits, rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="dense"):
         draft_rows(draft, target, batch, num_anchors=None, attention="sparse")
+
+
+def test_group_by_length_buckets_examples_by_token_count(tmp_path):
+    target = tiny_target("llama", seed=1)
+    examples = [{"prompt_ids": [1] * n, "response_ids": [2] * (3 * n)} for n in (2, 9, 3, 8, 4, 7, 5, 6)]
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=2, max_steps=2, use_cpu=True,
+                             report_to=[], remove_unused_columns=False, train_sampling_strategy="group_by_length")
+    trainer = DartTrainer(model=DartDraftModel.from_target(target).train(), args=args, train_dataset=examples,
+                          data_collator=DartDataCollator(), target=target, anchors_per_sequence=4)
+    sampler = trainer._get_train_sampler()
+    assert sampler.lengths == [8, 36, 12, 32, 16, 28, 20, 24]
+    order = list(sampler)
+    assert sorted(order) == list(range(8))
+    trainer.train()  # runs with the bucketed order

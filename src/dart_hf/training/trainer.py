@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel, Trainer
+from transformers.trainer_pt_utils import LengthGroupedSampler
 
 from ..modeling_dart import DartDraftModel
 from .layout import prefix_shared_layout
@@ -96,6 +97,17 @@ class DartTrainer(Trainer):
             )
         self.training_attention = training_attention
         self._hits = self._counts = None  # top-1 agreement per depth since the last log, for the progress logs
+
+    def _get_train_sampler(self, train_dataset=None):
+        """Length bucketing (`train_sampling_strategy="group_by_length"`) with each example's token count: batches
+        of similar lengths waste less padding. Other strategies are Trainer's own."""
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        if self.args.train_sampling_strategy == "group_by_length" and dataset is not None:
+            examples = getattr(dataset, "examples", dataset)  # a CachedFeatureDataset keeps its examples
+            lengths = [len(example["prompt_ids"]) + len(example["response_ids"]) for example in examples]
+            batch_size = self.args.train_batch_size * self.args.gradient_accumulation_steps
+            return LengthGroupedSampler(batch_size, lengths=lengths)
+        return super()._get_train_sampler(train_dataset)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """The prefix-shared gamma-weighted KL of one batch (and the per-depth agreement for the logs)."""
