@@ -86,8 +86,8 @@ class DartCandidateGenerator(CandidateGenerator):
         if self.do_sample:
             chain, chain_logits = self._sample_chain(input_ids, draft_logits[:length])
         else:
-            chain, chain_logits = best_path(self.tree_policy(draft_logits, input_ids[0], self.draft.draft_to_target)), None
-            chain = chain[:length]
+            tree = self.tree_policy(draft_logits, input_ids[0], self.draft.draft_to_target)
+            chain, chain_logits = best_path(tree)[:length], None
         self.chain_length = len(chain)
         if not chain:
             return input_ids, None

@@ -155,7 +155,9 @@ def dart_generate(
         budget = controller.next_budget() if controller is not None else max_budget
         if budget == 0:  # plain decoding step; its features wait for the draft's next step
             tick = time.perf_counter()
-            outputs = model(input_ids=input_ids[:, -1:], cache=cache, use_cache=True, output_hidden_states=feature_layers)
+            outputs = model(
+                input_ids=input_ids[:, -1:], cache=cache, use_cache=True, output_hidden_states=feature_layers
+            )
             step_features = torch.cat([outputs.hidden_states[index] for index in feature_layers], dim=-1)
             features = torch.cat([features, step_features], dim=1)
             token_logits = outputs.logits[:, -1].to(dtype=torch.float32, copy=True)

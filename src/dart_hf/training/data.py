@@ -112,9 +112,10 @@ def self_distill(
     refilled with the next prompt at once, and each response is written as soon as it finishes; `batch_size` caps
     the requests decoded together. "static": prompts grouped by length in left-padded `generate` batches, written
     batch by batch. "auto" (default): continuous on an accelerator, static on a CPU, where continuous batching
-    measured slower (SmolLM2-135M, 2 cores, 16 prompts x 48 tokens: 50-58 against 82-86 tokens/s). Either way every record is appended to `output_path` (JSONL, one `{"id", "prompt_ids",
-    "response_ids"}` per prompt, id = index in `prompts`) and flushed, so an interrupted run loses nothing it
-    already generated; a rerun skips the ids already written. Returns all examples in the file.
+    measured slower (SmolLM2-135M, 2 cores, 16 prompts x 48 tokens: 50-58 against 82-86 tokens/s). Either way every
+    record is appended to `output_path` (JSONL, one `{"id", "prompt_ids", "response_ids"}` per prompt, id = index in
+    `prompts`) and flushed, so an interrupted run loses nothing it already generated; a rerun skips the ids already
+    written. Returns all examples in the file.
     """
     if scheduler not in ("auto", "continuous", "static"):
         raise ValueError(f"scheduler must be 'auto', 'continuous' or 'static', got {scheduler!r}.")
