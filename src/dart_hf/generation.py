@@ -139,13 +139,18 @@ def dart_generate(
             streamer.put(input_ids.new_tensor([token]).cpu())
         return bool(stopping_criteria(torch.cat([pad_prefix, input_ids], dim=-1), None).all())
 
+    def plain_step(new_ids: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """One ordinary decoding step over `new_ids` `[1, T]` (the prompt at prefill, else the last token): commit
+        the next token; return the features of those T positions `[1, T, 3H]` and whether generation stops."""
+        outputs = model(input_ids=new_ids, cache=cache, use_cache=True, output_hidden_states=feature_layers)
+        step_features = torch.cat([outputs.hidden_states[index] for index in feature_layers], dim=-1)
+        token_logits = outputs.logits[:, -1].to(dtype=torch.float32, copy=True)
+        token_scores = logits_processor(input_ids, token_logits)
+        token = choose_token(token_scores[0], generation_config.do_sample)
+        return step_features, commit(token, token_scores, token_logits)
+
     start = time.perf_counter()
-    outputs = model(input_ids=input_ids, cache=cache, use_cache=True, output_hidden_states=feature_layers)
-    features = torch.cat([outputs.hidden_states[index] for index in feature_layers], dim=-1)
-    first_logits = outputs.logits[:, -1].to(dtype=torch.float32, copy=True)
-    first_scores = logits_processor(input_ids, first_logits)
-    stopped = commit(choose_token(first_scores[0], generation_config.do_sample), first_scores, first_logits)
-    del outputs
+    features, stopped = plain_step(input_ids)
     stats.prefill_time = time.perf_counter() - start
 
     max_budget = getattr(tree_policy, "budget", config.tree_budget)
@@ -155,14 +160,8 @@ def dart_generate(
         budget = controller.next_budget() if controller is not None else max_budget
         if budget == 0:  # plain decoding step; its features wait for the draft's next step
             tick = time.perf_counter()
-            outputs = model(
-                input_ids=input_ids[:, -1:], cache=cache, use_cache=True, output_hidden_states=feature_layers
-            )
-            step_features = torch.cat([outputs.hidden_states[index] for index in feature_layers], dim=-1)
+            step_features, stopped = plain_step(input_ids[:, -1:])
             features = torch.cat([features, step_features], dim=1)
-            token_logits = outputs.logits[:, -1].to(dtype=torch.float32, copy=True)
-            token_scores = logits_processor(input_ids, token_logits)
-            stopped = commit(choose_token(token_scores[0], generation_config.do_sample), token_scores, token_logits)
             stats.plain_steps += 1
             stats.plain_time += time.perf_counter() - tick
             controller.record_plain_step()

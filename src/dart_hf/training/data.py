@@ -147,10 +147,7 @@ def self_distill(
                 max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad_token_id,
             )
             for row, index in enumerate(batch):
-                response = output[row, width:].tolist()
-                end = next((i + 1 for i, token in enumerate(response) if token in eos_ids), len(response))
-                record = {"id": index, "prompt_ids": prompts[index], "response_ids": response[:end]}
-                handle.write(json.dumps(record) + "\n")
+                _write_record(handle, index, prompts[index], output[row, width:].tolist(), eos_ids)
             handle.flush()
             bar.update(len(batch))
     return _read_jsonl(output_path)
@@ -195,10 +192,7 @@ def _self_distill_continuous(
             if not result.is_finished():
                 continue
             index = int(result.request_id)
-            response = list(result.generated_tokens)
-            end = next((i + 1 for i, token in enumerate(response) if token in eos_ids), len(response))
-            record = {"id": index, "prompt_ids": prompts[index], "response_ids": response[:end]}
-            handle.write(json.dumps(record) + "\n")
+            _write_record(handle, index, prompts[index], list(result.generated_tokens), eos_ids)
             handle.flush()
             remaining.discard(index)
             bar.update(1)
@@ -275,6 +269,12 @@ class DartDataCollator:
                     batch_first=True,
                 )
         return batch
+
+
+def _write_record(handle, index: int, prompt: list[int], response: list[int], eos_ids: set[int]) -> None:
+    """One self-distilled example as a JSONL line; the response is cut after its first end-of-sequence token."""
+    end = next((i + 1 for i, token in enumerate(response) if token in eos_ids), len(response))
+    handle.write(json.dumps({"id": index, "prompt_ids": prompt, "response_ids": response[:end]}) + "\n")
 
 
 def _read_jsonl(path: Path) -> list[dict]:
