@@ -83,7 +83,7 @@ def test_the_tree_of_a_smaller_budget_is_the_nodes_of_lower_rank(policy):
 
 
 def test_calibration_measures_once_and_is_cached_on_disk(tmp_path, monkeypatch):
-    monkeypatch.setenv("DART_HF_CACHE", str(tmp_path))
+    monkeypatch.setattr(budget_module, "cost_cache_dir", lambda: tmp_path)
     target = tiny_target("llama")
     costs = calibrate_forward_costs(target, [2, 3, 4], max_nodes=17, context_length=16, repeats=1)
     assert costs.node_counts[0] == 1 and costs.node_counts[-1] == 17 and all(s > 0 for s in costs.seconds)

@@ -68,7 +68,7 @@ def calibrate_forward_costs(
     feature_layers: list[int],
     max_nodes: int,
     context_length: int = 128,
-    repeats: int = 5,
+    repeats: int = 7,
     use_disk_cache: bool = True,
 ) -> ForwardCosts:
     """Time the target's tree forward (as `forward_tree` runs it) for trees of 1 to `max_nodes` nodes over a
@@ -86,18 +86,21 @@ def calibrate_forward_costs(
     context = torch.randint(0, vocab_size, (1, context_length), generator=generator).to(target.device)
     cache = DynamicCache(config=target.config)
     target(input_ids=context, cache=cache, use_cache=True)
-    seconds = []
-    for nodes in node_counts:
-        tree = Tree.from_parents(torch.randint(0, vocab_size, (nodes,), generator=generator), [-1] + [0] * (nodes - 1))
-        times = []
-        for repeat in range(repeats + 1):  # the first run warms up
+    trees = [
+        Tree.from_parents(torch.randint(0, vocab_size, (nodes,), generator=generator), [-1] + [0] * (nodes - 1))
+        for nodes in node_counts
+    ]
+    times = [[] for _ in node_counts]
+    for repeat in range(repeats + 1):  # round-robin over the sizes, so machine drift hits them alike
+        for tree, size_times in zip(trees, times):
             _synchronize(target.device)
             start = time.perf_counter()
             forward_tree(target, tree, cache, feature_layers)
             _synchronize(target.device)
-            times.append(time.perf_counter() - start)
-            cache.crop(-nodes)
-        seconds.append(float(np.median(times[1:])))
+            if repeat > 0:  # the first round warms up
+                size_times.append(time.perf_counter() - start)
+            cache.crop(-len(tree))
+    seconds = [float(np.median(size_times)) for size_times in times]
     seconds = np.maximum.accumulate(seconds).tolist()  # more nodes never cost less: smooths timing noise
     costs = ForwardCosts(node_counts, seconds)
     if use_disk_cache:
@@ -144,28 +147,39 @@ class AdaptiveBudget:
         self.min_evidence = min_evidence
         self.overhead = None  # seconds of draft + tree search per step, a running mean
         self.plain_run = 0  # plain steps since the last tree
+        self._best = None  # best() until the next record_step
         self.steps = 0
         self.budgets = [b for b in CANDIDATE_BUDGETS if b < max_budget] + [max_budget]
 
     def estimate(self) -> dict[int, tuple[float, float]]:
         """{budget m: (estimated tau(m), estimated seconds per committed token)} for the budgets with evidence."""
-        estimates = {}
+        if not self.history:
+            return {}
         overhead = self.overhead or 0.0
+        record_budgets = np.array([r.budget for r in self.history])  # [R]
+        depth = max(r.path_ranks.size for r in self.history)
+        ranks = np.full((len(self.history), depth), np.iinfo(np.int64).max)  # [R, D], padded past each path
+        for row, record in enumerate(self.history):
+            ranks[row, : record.path_ranks.size] = record.path_ranks
+        estimates = {}
         for budget in self.budgets:
-            records = [r for r in self.history if r.budget >= budget]
-            if len(records) < self.min_evidence:
+            has_evidence = record_budgets >= budget
+            if has_evidence.sum() < self.min_evidence:
                 continue
-            tau = 1.0 + float(np.mean([(r.path_ranks <= budget).sum() for r in records]))
+            tau = 1.0 + float((ranks[has_evidence] <= budget).sum(axis=1).mean())
             estimates[budget] = (tau, (overhead + self.costs(budget + 1)) / tau)
         return estimates
 
     def best(self) -> tuple[int | None, float]:
-        """The budget with the lowest estimated seconds per token (None without evidence) and that cost."""
-        estimates = self.estimate()
-        if not estimates:
-            return None, float("inf")
-        budget = min(estimates, key=lambda m: estimates[m][1])
-        return budget, estimates[budget][1]
+        """The budget with the lowest estimated seconds per token (None without evidence) and that cost; kept until
+        the next verified step, since plain steps change neither the history nor the overhead."""
+        if self._best is None:
+            estimates = self.estimate()
+            if not estimates:
+                return None, float("inf")
+            budget = min(estimates, key=lambda m: estimates[m][1])
+            self._best = budget, estimates[budget][1]
+        return self._best
 
     def next_budget(self) -> int:
         """The budget for the next step; 0 means a plain decoding step."""
@@ -187,6 +201,7 @@ class AdaptiveBudget:
         ranks = tree.ranks if tree.ranks is not None else torch.arange(len(tree))
         path_ranks = np.maximum.accumulate(ranks[path[1:]].numpy()) if len(path) > 1 else np.zeros(0, np.int64)
         self.history.append(StepRecord(budget, path_ranks))
+        self._best = None
         self.overhead = overhead_seconds if self.overhead is None else 0.8 * self.overhead + 0.2 * overhead_seconds
         self.plain_run = 0
 

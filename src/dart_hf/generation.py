@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -139,10 +140,15 @@ def dart_generate(
             streamer.put(input_ids.new_tensor([token]).cpu())
         return bool(stopping_criteria(torch.cat([pad_prefix, input_ids], dim=-1), None).all())
 
+    # only the last position's logits are used: skip the output layer elsewhere (a prompt's worth at prefill)
+    last_logits_only = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+
     def plain_step(new_ids: torch.Tensor) -> tuple[torch.Tensor, bool]:
         """One ordinary decoding step over `new_ids` `[1, T]` (the prompt at prefill, else the last token): commit
         the next token; return the features of those T positions `[1, T, 3H]` and whether generation stops."""
-        outputs = model(input_ids=new_ids, cache=cache, use_cache=True, output_hidden_states=feature_layers)
+        outputs = model(
+            input_ids=new_ids, cache=cache, use_cache=True, output_hidden_states=feature_layers, **last_logits_only
+        )
         step_features = torch.cat([outputs.hidden_states[index] for index in feature_layers], dim=-1)
         token_logits = outputs.logits[:, -1].to(dtype=torch.float32, copy=True)
         token_scores = logits_processor(input_ids, token_logits)
@@ -168,10 +174,15 @@ def dart_generate(
             continue
 
         # draft: rows for the positions the target processed since the last draft step, each with the token that
-        # follows it
+        # follows it, then mask rows for the levels a tree of this budget can reach (a chain of `budget` nodes at
+        # most; the draft's attention is causal, so fewer mask rows leave the kept levels' logits unchanged)
         tick = time.perf_counter()
-        draft_logits = draft(features, input_ids=input_ids[:, -features.shape[1] :], cache=draft_cache).logits
-        draft_cache.crop(-(config.draft_length - 1))
+        num_masks = min(budget, config.draft_length) - 1
+        draft_logits = draft(
+            features, input_ids=input_ids[:, -features.shape[1] :], cache=draft_cache, num_masks=num_masks
+        ).logits
+        if num_masks > 0:
+            draft_cache.crop(-num_masks)
         draft_seconds = time.perf_counter() - tick
         stats.draft_time += draft_seconds
 
