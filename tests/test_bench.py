@@ -21,7 +21,10 @@ def test_run_benchmark_summary_table_and_plot(tmp_path, monkeypatch):
     assert overall["dart"]["greedy_mismatches"] == 0 and overall["dart"]["tau"] >= 1.0
     assert overall["dart_chain"]["greedy_mismatches"] == 0 and overall["dart_chain"]["prompts"] == 4
     assert abs(sum(overall["dart"]["time_split"].values()) - 1.0) < 1e-9
+    alpha = overall["dart"]["draft_alpha"]
+    assert len(alpha) == draft.config.draft_length and all(0.0 <= a <= 1.0 for a in alpha)
+    assert summary["set-a"]["dart_no_ngram"]["draft_alpha"] == summary["set-a"]["dart"]["draft_alpha"]
     table = bench.markdown_table(summary)
-    assert "| overall |" in table and "dart speedup (tau)" in table
+    assert "| overall |" in table and "dart speedup (tau)" in table and "alpha_1" in table
     bench.plot(summary, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 1000

@@ -8,7 +8,7 @@ from transformers import TrainingArguments
 from _helpers import prompts, tiny_target
 from dart_hf import DartDraftModel
 from dart_hf.training import DartDataCollator, DartTrainer, dart_loss, evaluate_draft, prefix_shared_layout, self_distill
-from dart_hf.training.trainer import draft_rows
+from dart_hf.training.trainer import draft_rows, greedy_agreement
 
 
 def brute_force_layout(num_prefix, anchors, num_masks):
@@ -232,3 +232,28 @@ def test_group_by_length_buckets_examples_by_token_count(tmp_path):
     order = list(sampler)
     assert sorted(order) == list(range(8))
     trainer.train()  # runs with the bucketed order
+
+
+def test_greedy_agreement_matches_the_draft_run_step_by_step():
+    target = tiny_target("llama", dtype=torch.float64, seed=6)
+    draft = DartDraftModel.from_target(target).eval()
+    prompt = prompts(1, seed=7)[0]
+    sequence = target.generate(prompt, max_new_tokens=14, do_sample=False)
+    prompt_length, length = prompt.shape[1], sequence.shape[1]
+    hits, rows = greedy_agreement(draft, target, sequence, prompt_length)
+
+    layers = list(draft.config.feature_layers)
+    with torch.no_grad():
+        outputs = target(sequence, output_hidden_states=layers)
+    features = torch.cat([outputs.hidden_states[i] for i in layers], dim=-1)
+    expected_hits = torch.zeros(draft.config.draft_length)
+    expected_rows = torch.zeros(draft.config.draft_length)
+    for position in range(prompt_length - 2, length - 2):  # the draft row of h_position predicts position + 2 on
+        with torch.no_grad():
+            logits = draft(features[:, : position + 1], input_ids=sequence[:, 1 : position + 2]).logits[0]
+        for depth in range(min(draft.config.draft_length, length - position - 2)):
+            guess = int(draft.draft_to_target(logits[depth].argmax()))
+            expected_rows[depth] += 1
+            expected_hits[depth] += guess == int(sequence[0, position + 2 + depth])
+    assert rows.tolist() == expected_rows.tolist()
+    assert hits.tolist() == expected_hits.tolist()

@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from .modeling_dart import DartDraftModel
 from .prompts import PROMPT_SETS, load_prompts
+from .training.trainer import greedy_agreement
 from .zoo import load_target
 
 BENCHMARK_SETS = [name for name, prompt_set in PROMPT_SETS.items() if prompt_set.role == "benchmark"]
@@ -41,6 +42,13 @@ class MethodResult:
     verify_steps: int = 0
     plain_steps: int = 0
     budgets: list[int] = field(default_factory=list)
+    alpha_hits: torch.Tensor | None = None  # [draft_length], the draft's teacher-forced agreement with vanilla
+    alpha_rows: torch.Tensor | None = None
+
+    def add_alpha(self, hits: torch.Tensor, rows: torch.Tensor) -> None:
+        """Add one prompt's per-depth hits and supervised rows."""
+        self.alpha_hits = hits.clone() if self.alpha_hits is None else self.alpha_hits + hits
+        self.alpha_rows = rows.clone() if self.alpha_rows is None else self.alpha_rows + rows
 
 
 def run_benchmark(
@@ -97,6 +105,11 @@ def run_benchmark(
             result.tokens.append(new_tokens)
             if method == "vanilla":
                 reference = output
+                if draft is not None and not do_sample:
+                    hits, rows = greedy_agreement(draft, target, output, inputs["input_ids"].shape[1])
+                    for other in methods:
+                        if other.startswith("dart"):
+                            per_method[other].add_alpha(hits, rows)
             if method.startswith("dart"):
                 stats = draft.stats
                 if stats.verify_steps:
@@ -139,6 +152,8 @@ def summarise(results: dict[str, dict[str, MethodResult]]) -> dict:
                 row["greedy_mismatches"] = result.mismatches
                 row["plain_fraction"] = result.plain_steps / (result.plain_steps + result.verify_steps)
                 row["budget_chosen"] = statistics.median(result.budgets) if result.budgets else 0
+            if result.alpha_hits is not None:
+                row["draft_alpha"] = (result.alpha_hits / result.alpha_rows.clamp(min=1)).tolist()
             rows[method] = row
         summary[set_name] = rows
     return summary
@@ -156,6 +171,8 @@ def _merge(results: dict[str, dict[str, MethodResult]]) -> dict[str, MethodResul
             target.verify_steps += result.verify_steps
             target.plain_steps += result.plain_steps
             target.budgets += result.budgets
+            if result.alpha_hits is not None:
+                target.add_alpha(result.alpha_hits, result.alpha_rows)
             for part, value in result.split.items():
                 target.split[part] += value
     return merged
@@ -177,6 +194,16 @@ def markdown_table(summary: dict) -> str:
                 cell += f", {row['plain_fraction']:.0%} plain)" if row.get("plain_fraction") else ")"
             cells.append(cell)
         lines.append(f"| {set_name} | " + " | ".join(cells) + " |")
+    alphas = {name: next((row["draft_alpha"] for row in rows.values() if "draft_alpha" in row), None)
+              for name, rows in summary.items()}
+    if any(alpha is not None for alpha in alphas.values()):
+        depths = len(next(alpha for alpha in alphas.values() if alpha is not None))
+        lines += ["", "Draft agreement with vanilla's greedy output (teacher-forced top-1, per drafted position):", ""]
+        lines.append("| set | " + " | ".join(f"alpha_{d + 1}" for d in range(depths)) + " |")
+        lines.append("|" + " --- |" * (depths + 1))
+        for set_name, alpha in alphas.items():
+            if alpha is not None:
+                lines.append(f"| {set_name} | " + " | ".join(f"{a:.1%}" for a in alpha) + " |")
     return "\n".join(lines)
 
 

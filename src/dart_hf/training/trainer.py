@@ -258,18 +258,44 @@ def evaluate_draft(draft: DartDraftModel, target: PreTrainedModel, dataset, coll
         batch = collator([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))])
         batch = {name: tensor.to(draft.device) for name, tensor in batch.items()}
         rows = draft_rows(draft, target, batch, num_anchors=None)
-        draft_ids = rows.draft_logits.argmax(dim=-1)
-        guess = draft.draft_to_target(draft_ids)
-        hit = (guess == rows.target_logits.argmax(dim=-1)) & rows.valid
-        for depth in range(num_depths):
-            at_depth = rows.depths == depth
-            correct[depth] += (hit & at_depth).sum().item()
-            total[depth] += (rows.valid & at_depth).sum().item()
+        hit, batch_correct, batch_total = agreement(draft, rows)
+        correct += batch_correct
+        total += batch_total
         chain_lengths += chain_lengths_of(hit, rows)
     draft.train(was_training)
     metrics = {f"alpha_{depth + 1}": float(correct[depth] / total[depth].clamp(min=1)) for depth in range(num_depths)}
     metrics["chain_tau"] = float(sum(chain_lengths) / max(len(chain_lengths), 1))
     return metrics
+
+
+def agreement(draft: DartDraftModel, rows: DraftRows) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Top-1 agreement of the draft with the target's greedy choice: hit `[B, R]` (bool, supervised rows only),
+    and per depth the hits and the supervised rows, `[draft_length]` each."""
+    guess = draft.draft_to_target(rows.draft_logits.argmax(dim=-1))
+    hit = (guess == rows.target_logits.argmax(dim=-1)) & rows.valid
+    depths = torch.arange(draft.config.draft_length, device=hit.device)
+    at_depth = rows.depths.unsqueeze(-1) == depths  # [B, R, D]
+    correct = (hit.unsqueeze(-1) & at_depth).sum(dim=(0, 1)).float().cpu()
+    total = (rows.valid.unsqueeze(-1) & at_depth).sum(dim=(0, 1)).float().cpu()
+    return hit, correct, total
+
+
+@torch.no_grad()
+def greedy_agreement(
+    draft: DartDraftModel, target: PreTrainedModel, sequence: torch.Tensor, prompt_length: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Teacher-forced agreement of the draft with a greedy continuation of the target, `sequence` `[1, S]` (the
+    prompt's first `prompt_length` tokens, then vanilla `generate`'s output): per depth, the hits and the rows,
+    `[draft_length]` each. On vanilla's own greedy output this is the alpha_k that DART's acceptance meets."""
+    loss_mask = torch.zeros_like(sequence, dtype=torch.bool)
+    loss_mask[:, prompt_length:] = True
+    batch = {"input_ids": sequence, "attention_mask": torch.ones_like(sequence), "loss_mask": loss_mask}
+    was_training = draft.training
+    draft.eval()
+    rows = draft_rows(draft, target, batch, num_anchors=None)
+    draft.train(was_training)
+    _, correct, total = agreement(draft, rows)
+    return correct, total
 
 
 def chain_lengths_of(hit: torch.Tensor, rows: DraftRows) -> list[int]:
