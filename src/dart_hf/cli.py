@@ -42,11 +42,10 @@ def generate_command(args: argparse.Namespace) -> None:
 
     import torch
 
-    from .modeling_dart import DartDraftModel
-    from .zoo import load_target
+    from .zoo import load_draft, load_target
 
     target, tokenizer = load_target(args.target)
-    draft = DartDraftModel.from_pretrained(args.draft, target=target)
+    draft = load_draft(args.draft, target)
     inputs = tokenizer.apply_chat_template(
         [{"role": "user", "content": args.prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
     ).to(target.device)
@@ -121,7 +120,7 @@ def train_command(argv: list[str]) -> None:
     from .modeling_dart import DartDraftModel
     from .training import DartDataCollator, DartTrainer, DartTrainingArguments, load_examples
     from .training.data import conversation_examples, frequent_token_ids, load_conversations, mix_examples
-    from .zoo import load_target
+    from .zoo import load_draft, load_target
 
     parser = HfArgumentParser((DartTrainingArguments, TrainingArguments), prog="dart-hf train")
     if len(argv) == 1 and argv[0].endswith(".json"):
@@ -145,7 +144,7 @@ def train_command(argv: list[str]) -> None:
             "(conversations with assistant replies)."
         )
     if dart_args.init_draft:
-        draft = DartDraftModel.from_pretrained(dart_args.init_draft, target=target)
+        draft = load_draft(dart_args.init_draft, target, dtype=torch.float32)  # a shipped draft is bfloat16
     else:
         vocab_size = target.config.get_text_config().vocab_size
         reduced = dart_args.draft_vocab_size is not None and dart_args.draft_vocab_size < vocab_size
@@ -208,7 +207,9 @@ def main(argv: list[str] | None = None) -> None:
 
     run = commands.add_parser("generate", help="answer a prompt with DART; print tau and the speedup over vanilla")
     run.add_argument("--target", required=True, help="target: a zoo name (smollm2-135m-instruct), Hub id or folder")
-    run.add_argument("--draft", required=True, help="DART draft: a folder or Hub repo")
+    run.add_argument(
+        "--draft", required=True, help="DART draft: a shipped draft (smollm2-135m-instruct-dart), folder or Hub repo"
+    )
     run.add_argument("--prompt", default="Explain speculative decoding in two sentences.")
     run.add_argument("--max-new-tokens", type=int, default=128)
     run.add_argument("--sample", action="store_true", help="sample (T=1) instead of greedy decoding")

@@ -244,7 +244,7 @@ def adaptive_budget(draft: DartDraftModel, target: PreTrainedModel, max_budget: 
         draft._dart_forward_costs = memo
     history = getattr(draft, "_dart_acceptance_history", None)
     if history is None:
-        history = draft._dart_acceptance_history = deque(maxlen=256)
+        history = draft._dart_acceptance_history = deque(maxlen=64)  # recent steps: acceptance varies by text
     return AdaptiveBudget(memo[key], max_budget, history)
 
 

