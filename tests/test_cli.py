@@ -50,8 +50,6 @@ def test_convert_trie(tmp_path):
 
 
 def test_generate_command_prints_the_answer_tau_and_speedup(tmp_path, capsys):
-    import torch
-
     from _helpers import char_tokenizer, tiny_target
     from dart_hf import DartDraftModel
 

@@ -2,11 +2,9 @@
 way papermill does it (a cell injected after the one tagged "parameters"), and their outputs are checked."""
 
 import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from _helpers import char_tokenizer, tiny_target
 from dart_hf import DartDraftModel

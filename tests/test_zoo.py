@@ -56,3 +56,21 @@ def test_shipped_draft_on_smollm2_is_lossless_and_accepts_tokens():
         answers.append(tokenizer.decode(expected[0, inputs["input_ids"].shape[1] :]))
     assert "Paris" in answers[0]
     assert sum(taus) / len(taus) > 1.2  # an untrained draft stays near 1.0: the shipped weights are trained
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("gguf") is None or importlib.util.find_spec("accelerate") is None,
+    reason="needs the zoo extras (`pip install -e '.[zoo]'`: gguf, accelerate) to read SmolLM2's GGUF",
+)
+def test_quick_benchmark_with_the_shipped_draft_writes_its_reports_and_stays_lossless(tmp_path):
+    import json
+
+    from dart_hf import bench
+
+    out = tmp_path / "quick"
+    bench.main(["--draft", "smollm2-135m-instruct-dart", "--quick", "--sets", "mt-bench", "humaneval",
+                "--methods", "vanilla", "prompt_lookup", "dart", "--out", str(out)])
+    summary = json.loads(out.with_suffix(".json").read_text())
+    assert summary["overall"]["dart"]["prompts"] == 4 and summary["overall"]["dart"]["greedy_mismatches"] == 0
+    assert len(summary["overall"]["dart"]["draft_alpha"]) == 8
+    assert "alpha_1" in out.with_suffix(".md").read_text() and out.with_suffix(".png").stat().st_size > 1000

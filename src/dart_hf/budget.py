@@ -139,7 +139,7 @@ class AdaptiveBudget:
         history: deque,
         probe_interval: int = 16,
         max_probe_interval: int = 128,
-        explore_every: int = 8,
+        explore_every: int = 16,
         min_evidence: int = 4,
     ):
         self.costs = costs
