@@ -131,17 +131,14 @@ def test_plain_fallback_is_lossless_greedy_and_engages():
     target = tiny_target("qwen3", seed=3)
     draft = DartDraftModel.from_target(target)  # untrained: nothing is accepted
     force_costs(draft, target, STEEP)
-    steps = []
     for prompt in prompts(3, seed=4):
         expected = target.generate(prompt, max_new_tokens=48, do_sample=False)
         got = target.generate(prompt, max_new_tokens=48, do_sample=False, assistant_model=draft)
         assert torch.equal(got, expected)
-        stats = draft.stats
-        assert stats.plain_steps + sum(stats.accepted_lengths) == 47  # the first token comes from the prefill
-        steps.append((stats.verify_steps, stats.plain_steps))
-    # call 1: 4 full trees gather evidence, then plain steps with a probe after 16 of them; the schedule carries
-    # over to the next calls, each probe doubling the wait while drafting still loses: after 32, then 64
-    assert steps == [(5, 42), (1, 46), (1, 46)]
+    stats = draft.stats
+    # one probe after 16 plain tokens; it finds drafting still losing, so the next would wait 32 more (past the end)
+    assert stats.verify_steps == 1 and stats.plain_steps == 46
+    assert stats.plain_steps + sum(stats.accepted_lengths) == 47  # the first token comes from the prefill
 
 
 def test_plain_steps_sample_exactly_like_vanilla_generate():

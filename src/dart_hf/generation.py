@@ -235,9 +235,8 @@ def choose_token(scores: torch.Tensor, do_sample: bool) -> int:
 
 
 def adaptive_budget(draft: DartDraftModel, target: PreTrainedModel, max_budget: int) -> AdaptiveBudget:
-    """The budget controller of `draft` for `target`, kept on the draft across `generate` calls: the target's
-    forward costs (calibrated once per model and machine), the draft's acceptance history, and the probe schedule
-    (so that while drafting loses, probes stay rare across many short calls too)."""
+    """The budget controller for one `generate` call: the target's forward costs (calibrated once per model and
+    machine, then memoised on the draft) and the draft's acceptance history, shared across calls."""
     key = calibration_key(target)
     memo = getattr(draft, "_dart_forward_costs", None) or {}
     if key not in memo or memo[key].node_counts[-1] < max_budget + 1:
@@ -246,13 +245,7 @@ def adaptive_budget(draft: DartDraftModel, target: PreTrainedModel, max_budget: 
     history = getattr(draft, "_dart_acceptance_history", None)
     if history is None:
         history = draft._dart_acceptance_history = deque(maxlen=64)  # recent steps: acceptance varies by text
-    controllers = getattr(draft, "_dart_budget_controllers", None)
-    if controllers is None:
-        controllers = draft._dart_budget_controllers = {}
-    controller = controllers.get((key, max_budget))
-    if controller is None or controller.costs is not memo[key] or controller.history is not history:
-        controller = controllers[(key, max_budget)] = AdaptiveBudget(memo[key], max_budget, history)
-    return controller
+    return AdaptiveBudget(memo[key], max_budget, history)
 
 
 def build_tree_policy(draft: DartDraftModel, eos_token_id: int | list[int] | None = None, **options) -> TreePolicy:
