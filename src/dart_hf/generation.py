@@ -157,6 +157,7 @@ def dart_generate(
 
     start = time.perf_counter()
     features, stopped = plain_step(input_ids)
+    waiting = [features]  # features `[1, T_i, 3H]` the draft has not read yet, joined only when it runs
     stats.prefill_time = time.perf_counter() - start
 
     max_budget = getattr(tree_policy, "budget", config.tree_budget)
@@ -167,7 +168,7 @@ def dart_generate(
         if budget == 0:  # plain decoding step; its features wait for the draft's next step
             tick = time.perf_counter()
             step_features, stopped = plain_step(input_ids[:, -1:])
-            features = torch.cat([features, step_features], dim=1)
+            waiting.append(step_features)
             stats.plain_steps += 1
             stats.plain_time += time.perf_counter() - tick
             controller.record_plain_step()
@@ -177,6 +178,7 @@ def dart_generate(
         # follows it, then mask rows for the levels a tree of this budget can reach (a chain of `budget` nodes at
         # most; the draft's attention is causal, so fewer mask rows leave the kept levels' logits unchanged)
         tick = time.perf_counter()
+        features = torch.cat(waiting, dim=1) if len(waiting) > 1 else waiting[0]
         num_masks = min(budget, config.draft_length) - 1
         draft_logits = draft(
             features, input_ids=input_ids[:, -features.shape[1] :], cache=draft_cache, num_masks=num_masks
@@ -211,7 +213,7 @@ def dart_generate(
             stopped = commit(token, token_scores, token_logits)
             if stopped:
                 break
-        features = tree_features[acceptance.path].unsqueeze(0)
+        waiting = [tree_features[acceptance.path].unsqueeze(0)]
     stats.total_time = time.perf_counter() - start
 
     if streamer is not None:
