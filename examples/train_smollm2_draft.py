@@ -178,7 +178,7 @@ def write_model_card(summary: dict) -> None:
     results = RESULTS + markdown_table(summary)
     card = draft_model_card(
         draft, f"dart-hf/{DRAFT_NAME}", base_model="HuggingFaceTB/SmolLM2-135M-Instruct", results=results,
-        training=training, license="apache-2.0", datasets=None, limitations=LIMITATIONS,
+        training=training, license="apache-2.0", limitations=LIMITATIONS,
     )
     path = Path("model_cards") / f"{DRAFT_NAME}.md"
     temporary = path.with_name(path.name + ".tmp")

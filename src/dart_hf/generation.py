@@ -156,8 +156,8 @@ def dart_generate(
         return step_features, commit(token, token_scores, token_logits)
 
     start = time.perf_counter()
-    features, stopped = plain_step(input_ids)
-    waiting = [features]  # features `[1, T_i, 3H]` the draft has not read yet, joined only when it runs
+    prompt_features, stopped = plain_step(input_ids)
+    waiting = [prompt_features]  # features `[1, T_i, 3H]` the draft has not read yet, joined only when it runs
     stats.prefill_time = time.perf_counter() - start
 
     max_budget = getattr(tree_policy, "budget", config.tree_budget)

