@@ -153,7 +153,8 @@ def test_sample_child_is_exact_for_any_child_order(seed):
 def test_same_seed_same_output(target_and_draft):
     target, draft = target_and_draft
     outputs = []
-    for _ in range(2):
+    for _ in range(2):  # fixed trees: the adaptive budget follows measured time, which changes the random draws
         torch.manual_seed(123)
-        outputs.append(target.generate(PROMPT, max_new_tokens=20, do_sample=True, temperature=0.9, assistant_model=draft))
+        outputs.append(target.generate(PROMPT, max_new_tokens=20, do_sample=True, temperature=0.9,
+                                       assistant_model=draft, tree_options={"adaptive": False}))
     assert torch.equal(outputs[0], outputs[1])
