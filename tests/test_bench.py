@@ -28,3 +28,26 @@ def test_run_benchmark_summary_table_and_plot(tmp_path, monkeypatch):
     assert "| overall |" in table and "dart speedup (tau)" in table and "alpha_1" in table
     bench.plot(summary, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 1000
+
+
+def test_methods_run_in_reverse_order_on_every_other_prompt(monkeypatch):
+    monkeypatch.setattr(bench, "load_prompts", lambda name, limit: [f"{name} prompt {i}" for i in range(limit)])
+    target = tiny_target("llama", seed=3)
+    draft = DartDraftModel.from_target(target)
+    calls = []
+    generate = target.generate
+
+    def recording_generate(*args, **kwargs):
+        if "assistant_model" in kwargs:
+            calls.append("dart")
+        else:
+            calls.append("lookup" if "prompt_lookup_num_tokens" in kwargs else "vanilla")
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(target, "generate", recording_generate)
+    bench.run_benchmark(
+        target, char_tokenizer(), draft, ["set-a"], prompts_per_set=3, max_new_tokens=4,
+        methods=["vanilla", "prompt_lookup", "dart"],
+    )
+    timed = calls[3:]  # after one untimed warm-up per method
+    assert timed == ["vanilla", "lookup", "dart", "dart", "lookup", "vanilla", "vanilla", "lookup", "dart"]

@@ -100,7 +100,8 @@ def test_dart_sampling_matches_the_exact_target_distribution(target_and_draft, s
     target, draft = target_and_draft
     kwargs, processors = SETTINGS[setting]
     expected = exact_joint(target, processors)
-    observed = sample_many(target, dict(kwargs, assistant_model=draft))
+    fixed_tree = {"adaptive": False}  # every step a tree (plain steps are vanilla's own: test_budget.py)
+    observed = sample_many(target, dict(kwargs, assistant_model=draft, tree_options=fixed_tree))
     assert draft.stats.verify_steps >= 1 and max(draft.stats.accepted_lengths) >= 2  # the tree was used
     statistic, critical = chi_square(observed, expected, SAMPLES)
     assert statistic < critical, (statistic, critical)
@@ -126,7 +127,7 @@ def test_the_test_rejects_a_wrong_acceptance_rule(target_and_draft, monkeypatch)
     target, draft = target_and_draft
     kwargs, processors = SETTINGS["temperature"]
     monkeypatch.setattr(dart_hf.verify, "sample_child", biased_sample_child)
-    observed = sample_many(target, dict(kwargs, assistant_model=draft))
+    observed = sample_many(target, dict(kwargs, assistant_model=draft, tree_options={"adaptive": False}))
     statistic, critical = chi_square(observed, exact_joint(target, processors), SAMPLES)
     assert statistic > critical, (statistic, critical)
 
