@@ -24,9 +24,10 @@ FLAT = ForwardCosts([1, 65], [0.010, 0.011])
 STEEP = ForwardCosts([1, 65], [0.010, 0.650])  # 10 ms per node: drafting never pays unless tau is huge
 
 
-def memory_of(records, tree_extra=None):
+def memory_of(records, tree_extra=None, plain_extra=None):
     memory = BudgetMemory(deque([StepRecord(budget, np.array(ranks, dtype=np.int64)) for budget, ranks in records]))
     memory.tree_extras.extend([] if tree_extra is None else [tree_extra])
+    memory.plain_extras.extend([] if plain_extra is None else [plain_extra])
     return memory
 
 
@@ -55,7 +56,7 @@ def test_steep_costs_and_poor_acceptance_fall_back_to_plain_decoding_and_probe()
         choice = controller.next_budget()
         decisions.append(choice)
         if choice == 0:
-            controller.record_plain_step()
+            controller.record_plain_step(0.0)
     assert decisions[:4] == [0, 0, 0, 0] and decisions[4] > 0  # the probe after 4 plain steps
     assert controller.best()[0] == 1  # the cheapest tree, still slower than plain decoding
 
@@ -68,7 +69,7 @@ def test_probes_back_off_while_drafting_loses_and_reset_when_it_pays():
     def plain_steps_before_probe():
         count = 0
         while (choice := controller.next_budget()) == 0:
-            controller.record_plain_step()
+            controller.record_plain_step(0.0)
             count += 1
         return count, choice
 
@@ -91,6 +92,7 @@ def test_measured_step_costs_beyond_the_forward_can_turn_drafting_into_a_loss():
     records = [(60, [1])] * 4 + [(60, [])] * 4  # half the steps accept one drafted token: tau(1) = 1.5
     assert AdaptiveBudget(moderate, 60, memory_of(records)).next_budget() == 1  # 11 ms / 1.5 tokens < 10 ms
     assert AdaptiveBudget(moderate, 60, memory_of(records, tree_extra=0.006)).next_budget() == 0  # 17 / 1.5 > 10
+    assert AdaptiveBudget(moderate, 60, memory_of(records, 0.006, plain_extra=0.006)).next_budget() == 1  # < 16
 
     controller = AdaptiveBudget(moderate, 60, memory_of(records))
     tree = TopKTreePolicy(budget=1)(torch.randn(2, 10), torch.tensor([0]), lambda ids: ids)
@@ -99,6 +101,9 @@ def test_measured_step_costs_beyond_the_forward_can_turn_drafting_into_a_loss():
     assert controller.memory.tree_extra == pytest.approx(0.006)  # the median ignores the pause
     controller.record_step(tree, [0, 1], 1, moderate(2) - 0.004)  # faster than calibrated: counted as 0 extra
     assert min(controller.memory.tree_extras) == 0.0
+    for _ in range(16):
+        controller.record_plain_step(moderate(1) + 0.009)
+    assert controller.memory.plain_extra == pytest.approx(0.006)  # never above a tree step's extra
 
 
 def test_drafting_must_beat_plain_decoding_by_a_margin():
@@ -107,7 +112,7 @@ def test_drafting_must_beat_plain_decoding_by_a_margin():
     memory = memory_of(records, tree_extra=0.0045)  # (11 + 4.5) ms / 1.6 = 9.7 ms per token, 3% under plain's 10
     unweighted = float("inf")  # half-life: every record counts alike
     assert AdaptiveBudget(moderate, 60, memory, half_life=unweighted, min_gain=0.0).next_budget() == 1
-    assert AdaptiveBudget(moderate, 60, memory, half_life=unweighted).next_budget() == 0  # the default asks for 5%
+    assert AdaptiveBudget(moderate, 60, memory, half_life=unweighted, min_gain=0.05).next_budget() == 0
 
 
 def test_recent_steps_weigh_most_in_the_acceptance_estimate():

@@ -6,17 +6,17 @@ So:
 
 - f is measured once per model, dtype, device and thread count (`calibrate_forward_costs`) and cached on disk:
   on a GPU f is nearly flat, on this project's 2-core CPU a 60-node tree costs over 2.5x one token.
-- What a tree step costs beyond f (the draft, the search, acceptance, cache compaction, a context longer than the
-  calibration's) is measured on the steps themselves (`BudgetMemory.tree_extra`).
+- What a step costs beyond f (for a tree step the draft, the search, acceptance and cache compaction; for both
+  kinds logits processing, the commit and a context longer than the calibration's) is measured on the steps
+  themselves (`BudgetMemory.tree_extra`, `plain_extra`).
 - tau(m) is estimated from the steps already verified, the recent ones weighted most. A policy's tree of budget
   m is its m best nodes (the `Tree.ranks` <= m), so one step verified with budget b tells what every budget
   m <= b would have accepted.
 - `AdaptiveBudget` picks the m with the lowest cost per token, (f(m + 1) + tree_extra) / tau(m). Unless that beats
-  plain decoding, f(1) per token, by `min_gain` (5%: the estimates are noisy, and a wrong tree step costs more
-  than a wrong plain step), it decodes plainly and probes with a tree after `probe_interval` plain tokens to
-  notice when drafting pays again. A probe is judged on its own outcome: when its tokens came slower than plain
-  decoding's the interval doubles (up to `max_probe_interval`), else it drops back to the base, so that probes
-  refill the history with the new text. Every `explore_every` steps it tries twice the chosen budget, which is
+  a plain step, f(1) + plain_extra per token (by `min_gain`, default 0), it decodes plainly and probes with a
+  tree after `probe_interval` plain tokens to notice when drafting pays again. A probe is judged on its own
+  outcome: when its tokens came slower than plain decoding's the interval doubles (up to `max_probe_interval`),
+  else it drops back to the base, so that probes refill the history with the new text. Every `explore_every` steps it tries twice the chosen budget, which is
   how larger budgets get evidence.
 - The memory (acceptance history, measured extras, probe schedule) outlives one `generate` call: it is kept on
   the draft, so a call starts from what the previous calls learned.
@@ -145,6 +145,7 @@ class BudgetMemory:
 
     history: deque = field(default_factory=lambda: deque(maxlen=64))
     tree_extras: deque = field(default_factory=lambda: deque(maxlen=16))  # seconds, each >= 0
+    plain_extras: deque = field(default_factory=lambda: deque(maxlen=16))
     plain_run: int = 0  # plain steps since the last tree step, across calls: probes keep their cadence
     probe_interval: int | None = None  # plain steps between probes; None: the controller's base interval
 
@@ -153,6 +154,14 @@ class BudgetMemory:
         """Seconds a tree step costs beyond f(its nodes): the draft, the search, acceptance, cache compaction and
         a context longer than the calibration's; 0 before any step was measured."""
         return float(np.median(self.tree_extras)) if self.tree_extras else 0.0
+
+    @property
+    def plain_extra(self) -> float:
+        """Seconds a plain step costs beyond f(1) (logits processing, commit, a longer context), at most
+        `tree_extra`: a tree step does all that and more. 0 before both were measured."""
+        if not (self.plain_extras and self.tree_extras):
+            return 0.0
+        return min(float(np.median(self.plain_extras)), self.tree_extra)
 
 
 class AdaptiveBudget:
@@ -169,7 +178,7 @@ class AdaptiveBudget:
         explore_every: int = 16,
         min_evidence: int = 4,
         half_life: float = 16.0,
-        min_gain: float = 0.05,
+        min_gain: float = 0.0,
     ):
         self.costs = costs
         self.max_budget = max_budget
@@ -189,9 +198,9 @@ class AdaptiveBudget:
         self.budgets = [b for b in CANDIDATE_BUDGETS if b < max_budget] + [max_budget]
 
     def drafting_loses(self, seconds_per_token: float) -> bool:
-        """Whether a tree step at `seconds_per_token` fails to beat plain decoding, f(1) per token, by `min_gain`.
-        (A plain step's own extra over f(1) is left out: it only makes plain decoding look slower than it is.)"""
-        return seconds_per_token >= (1.0 - self.min_gain) * self.costs(1)
+        """Whether a tree step at `seconds_per_token` fails to beat a plain step, f(1) + plain_extra per token,
+        by the fraction `min_gain`."""
+        return seconds_per_token >= (1.0 - self.min_gain) * (self.costs(1) + self.memory.plain_extra)
 
     def estimate(self) -> dict[int, tuple[float, float]]:
         """{budget m: (estimated tau(m), estimated seconds per committed token)} for the budgets with evidence.
@@ -259,6 +268,7 @@ class AdaptiveBudget:
             else:  # it paid: probe often again, so that the history fills with the new text
                 self.memory.probe_interval = self.base_probe
 
-    def record_plain_step(self) -> None:
-        """After a plain decoding step (counts towards the next probe)."""
+    def record_plain_step(self, step_seconds: float) -> None:
+        """After a plain decoding step of `step_seconds` (counts towards the next probe)."""
+        self.memory.plain_extras.append(max(step_seconds - self.costs(1), 0.0))
         self.memory.plain_run += 1

@@ -168,9 +168,10 @@ def dart_generate(
             tick = time.perf_counter()
             step_features, stopped = plain_step(input_ids[:, -1:])
             waiting.append(step_features)
+            step_seconds = time.perf_counter() - tick
             stats.plain_steps += 1
-            stats.plain_time += time.perf_counter() - tick
-            controller.record_plain_step()
+            stats.plain_time += step_seconds
+            controller.record_plain_step(step_seconds)
             continue
 
         # draft: rows for the positions the target processed since the last draft step, each with the token that
