@@ -1,25 +1,17 @@
 """Choosing the tree budget per step from measured costs and acceptance; plain decoding when drafting loses.
 
-A DART step runs the target once over a tree of n nodes (cost f(n)) plus the draft, the tree search and the
-acceptance, and commits tau(m) tokens on average for a tree budget m. Plain decoding commits one token per step.
-So:
+A DART step runs the target once over a tree of n nodes (cost f(n)) plus the draft and the tree search (cost o),
+and commits tau(m) tokens on average for a tree budget m. Plain decoding commits one token per f(1). So:
 
 - f is measured once per model, dtype, device and thread count (`calibrate_forward_costs`) and cached on disk:
   on a GPU f is nearly flat, on this project's 2-core CPU a 60-node tree costs over 2.5x one token.
-- What a step costs beyond f (for a tree step the draft, the search, acceptance and cache compaction; for both
-  kinds logits processing, the commit and a context longer than the calibration's) is measured on the steps
-  themselves (`BudgetMemory.tree_extra`, `plain_extra`).
-- tau(m) is estimated from the steps already verified, the recent ones weighted most. A policy's tree of budget
-  m is its m best nodes (the `Tree.ranks` <= m), so one step verified with budget b tells what every budget
-  m <= b would have accepted.
-- `AdaptiveBudget` picks the m with the lowest cost per token, (f(m + 1) + tree_extra) / tau(m). Unless that beats
-  a plain step, f(1) + plain_extra per token (by `min_gain`, default 0), it decodes plainly and probes with a
-  tree after `probe_interval` plain tokens to notice when drafting pays again. A probe is judged on its own
-  outcome: when its tokens came slower than plain decoding's the interval doubles (up to `max_probe_interval`),
-  else it drops back to the base, so that probes refill the history with the new text. Every `explore_every` steps it tries twice the chosen budget, which is
-  how larger budgets get evidence.
-- The memory (acceptance history, measured extras, probe schedule) outlives one `generate` call: it is kept on
-  the draft, so a call starts from what the previous calls learned.
+- tau(m) is estimated from the steps already verified. A policy's tree of budget m is its m best nodes (the
+  `Tree.ranks` <= m), so one step verified with budget b tells what every budget m <= b would have accepted.
+- `AdaptiveBudget` picks the m with the lowest cost per token, (o + f(m + 1)) / tau(m); when even that loses to
+  f(1), it decodes plainly and probes with a tree after `probe_interval` plain tokens to notice when drafting
+  pays again (the interval doubles after each probe that finds drafting still losing, up to
+  `max_probe_interval`, and drops back once it pays). Every `explore_every` steps it tries twice the chosen
+  budget, which is how larger budgets get evidence.
 """
 
 from __future__ import annotations
@@ -28,7 +20,7 @@ import json
 import os
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -136,98 +128,56 @@ class StepRecord:
     path_ranks: np.ndarray
 
 
-@dataclass
-class BudgetMemory:
-    """What the controller learns, kept across `generate` calls: the recent verified steps (acceptance varies by
-    text, so only the last `maxlen`), what a tree step costs beyond the calibrated forward f(n), measured on the
-    last 16 steps (their median, so one slow step, a first call's setup or a pause, does not steer it), and the
-    probe schedule (many short calls would otherwise each pay for a probe)."""
-
-    history: deque = field(default_factory=lambda: deque(maxlen=64))
-    tree_extras: deque = field(default_factory=lambda: deque(maxlen=16))  # seconds, each >= 0
-    plain_extras: deque = field(default_factory=lambda: deque(maxlen=16))
-    plain_run: int = 0  # plain steps since the last tree step, across calls: probes keep their cadence
-    probe_interval: int | None = None  # plain steps between probes; None: the controller's base interval
-
-    @property
-    def tree_extra(self) -> float:
-        """Seconds a tree step costs beyond f(its nodes): the draft, the search, acceptance, cache compaction and
-        a context longer than the calibration's; 0 before any step was measured."""
-        return float(np.median(self.tree_extras)) if self.tree_extras else 0.0
-
-    @property
-    def plain_extra(self) -> float:
-        """Seconds a plain step costs beyond f(1) (logits processing, commit, a longer context), at most
-        `tree_extra`: a tree step does all that and more. 0 before both were measured."""
-        if not (self.plain_extras and self.tree_extras):
-            return 0.0
-        return min(float(np.median(self.plain_extras)), self.tree_extra)
-
-
 class AdaptiveBudget:
-    """Per-step choice of the tree budget (0 = one plain decoding step), from `ForwardCosts` and a `BudgetMemory`
-    (shared across `generate` calls so later calls start informed)."""
+    """Per-step choice of the tree budget (0 = one plain decoding step), from `ForwardCosts` and the acceptance
+    `history` (a deque of `StepRecord`, shared across `generate` calls so later calls start informed)."""
 
     def __init__(
         self,
         costs: ForwardCosts,
         max_budget: int,
-        memory: BudgetMemory,
+        history: deque,
         probe_interval: int = 16,
         max_probe_interval: int = 128,
         explore_every: int = 16,
         min_evidence: int = 4,
-        half_life: float = 16.0,
-        min_gain: float = 0.0,
     ):
         self.costs = costs
         self.max_budget = max_budget
-        self.memory = memory
-        self.history = memory.history
-        self.base_probe = probe_interval
+        self.history = history
+        self.probe_interval = self.base_probe = probe_interval
         self.max_probe_interval = max_probe_interval
-        if memory.probe_interval is None:
-            memory.probe_interval = probe_interval
         self.probing = False
         self.explore_every = explore_every
         self.min_evidence = min_evidence
-        self.half_life = half_life
-        self.min_gain = min_gain
+        self.overhead = None  # seconds of draft + tree search per step, a running mean
+        self.plain_run = 0  # plain steps since the last tree
         self._best = None  # best() until the next record_step
         self.steps = 0
         self.budgets = [b for b in CANDIDATE_BUDGETS if b < max_budget] + [max_budget]
 
-    def drafting_loses(self, seconds_per_token: float) -> bool:
-        """Whether a tree step at `seconds_per_token` fails to beat a plain step, f(1) + plain_extra per token,
-        by the fraction `min_gain`."""
-        return seconds_per_token >= (1.0 - self.min_gain) * (self.costs(1) + self.memory.plain_extra)
-
     def estimate(self) -> dict[int, tuple[float, float]]:
-        """{budget m: (estimated tau(m), estimated seconds per committed token)} for the budgets with evidence.
-        tau(m) is a recency-weighted mean (a record's weight halves every `half_life` newer records): acceptance
-        follows the text, so the last steps say most about the next one."""
+        """{budget m: (estimated tau(m), estimated seconds per committed token)} for the budgets with evidence."""
         if not self.history:
             return {}
-        extra = self.memory.tree_extra
+        overhead = self.overhead or 0.0
         record_budgets = np.array([r.budget for r in self.history])  # [R]
         depth = max(r.path_ranks.size for r in self.history)
         ranks = np.full((len(self.history), depth), np.iinfo(np.int64).max)  # [R, D], padded past each path
         for row, record in enumerate(self.history):
             ranks[row, : record.path_ranks.size] = record.path_ranks
-        weights = 0.5 ** (np.arange(len(self.history))[::-1] / self.half_life)  # [R], newest 1
         estimates = {}
         for budget in self.budgets:
             has_evidence = record_budgets >= budget
             if has_evidence.sum() < self.min_evidence:
                 continue
-            accepted = (ranks[has_evidence] <= budget).sum(axis=1)
-            tau = 1.0 + float(np.average(accepted, weights=weights[has_evidence]))
-            estimates[budget] = (tau, (self.costs(budget + 1) + extra) / tau)
+            tau = 1.0 + float((ranks[has_evidence] <= budget).sum(axis=1).mean())
+            estimates[budget] = (tau, (overhead + self.costs(budget + 1)) / tau)
         return estimates
 
     def best(self) -> tuple[int | None, float]:
         """The budget with the lowest estimated seconds per token (None without evidence) and that cost; kept until
-        the next verified step."""
+        the next verified step, since plain steps change neither the history nor the overhead."""
         if self._best is None:
             estimates = self.estimate()
             if not estimates:
@@ -241,8 +191,8 @@ class AdaptiveBudget:
         budget, seconds_per_token = self.best()
         if budget is None:
             return self.max_budget  # no evidence yet: gather it with the full tree
-        if self.drafting_loses(seconds_per_token):
-            if self.memory.plain_run >= self.memory.probe_interval:
+        if seconds_per_token >= self.costs(1):  # drafting loses to plain decoding
+            if self.plain_run >= self.probe_interval:
                 self.probing = True
                 return budget  # a probe: does drafting pay again? (its record resets the plain run)
             return 0
@@ -251,24 +201,21 @@ class AdaptiveBudget:
             return min(2 * budget, self.max_budget)
         return budget
 
-    def record_step(self, tree: Tree, path: list[int], budget: int, step_seconds: float) -> None:
+    def record_step(self, tree: Tree, path: list[int], budget: int, overhead_seconds: float) -> None:
         """After a verified step: the tree, its accepted node path (root first), the budget it was built with and
-        the seconds the whole step took (draft, search, verify, acceptance, commit)."""
+        the seconds its draft forward and tree search took."""
         ranks = tree.ranks if tree.ranks is not None else torch.arange(len(tree))
         path_ranks = np.maximum.accumulate(ranks[path[1:]].numpy()) if len(path) > 1 else np.zeros(0, np.int64)
         self.history.append(StepRecord(budget, path_ranks))
-        self.memory.tree_extras.append(max(step_seconds - self.costs(len(tree)), 0.0))
         self._best = None
-        self.memory.plain_run = 0
-        if self.probing:  # judged on its own outcome: the history may still be the text where drafting lost
+        self.overhead = overhead_seconds if self.overhead is None else 0.8 * self.overhead + 0.2 * overhead_seconds
+        self.plain_run = 0
+        if self.probing:  # a probe that finds drafting still losing waits twice as long for the next one
             self.probing = False
-            seconds_per_token = (self.costs(len(tree)) + self.memory.tree_extra) / len(path)
-            if self.drafting_loses(seconds_per_token):  # still losing: wait twice as long for the next probe
-                self.memory.probe_interval = min(2 * self.memory.probe_interval, self.max_probe_interval)
-            else:  # it paid: probe often again, so that the history fills with the new text
-                self.memory.probe_interval = self.base_probe
+            _, seconds_per_token = self.best()
+            losing = seconds_per_token >= self.costs(1)
+            self.probe_interval = min(2 * self.probe_interval, self.max_probe_interval) if losing else self.base_probe
 
-    def record_plain_step(self, step_seconds: float) -> None:
-        """After a plain decoding step of `step_seconds` (counts towards the next probe)."""
-        self.memory.plain_extras.append(max(step_seconds - self.costs(1), 0.0))
-        self.memory.plain_run += 1
+    def record_plain_step(self) -> None:
+        """After a plain decoding step (counts towards the next probe)."""
+        self.plain_run += 1

@@ -13,6 +13,7 @@ import copy
 import functools
 import inspect
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -27,7 +28,7 @@ from transformers import (
 from transformers.cache_utils import DynamicSlidingWindowLayer
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from .budget import AdaptiveBudget, BudgetMemory, calibrate_forward_costs, calibration_key
+from .budget import AdaptiveBudget, calibrate_forward_costs, calibration_key
 from .modeling_dart import DartDraftModel
 from .tree import BeamSearchTreePolicy, TopKTreePolicy, TreePolicy
 from .verify import accept, compact_cache, forward_tree
@@ -160,7 +161,7 @@ def dart_generate(
     stats.prefill_time = time.perf_counter() - start
 
     max_budget = getattr(tree_policy, "budget", config.tree_budget)
-    controller = adaptive_budget(draft, model, max_budget, options) if adaptive else None
+    controller = adaptive_budget(draft, model, max_budget) if adaptive else None
     draft_cache = DynamicCache()
     while not stopped:
         budget = controller.next_budget() if controller is not None else max_budget
@@ -168,16 +169,15 @@ def dart_generate(
             tick = time.perf_counter()
             step_features, stopped = plain_step(input_ids[:, -1:])
             waiting.append(step_features)
-            step_seconds = time.perf_counter() - tick
             stats.plain_steps += 1
-            stats.plain_time += step_seconds
-            controller.record_plain_step(step_seconds)
+            stats.plain_time += time.perf_counter() - tick
+            controller.record_plain_step()
             continue
 
         # draft: rows for the positions the target processed since the last draft step, each with the token that
         # follows it, then mask rows for the levels a tree of this budget can reach (a chain of `budget` nodes at
         # most; the draft's attention is causal, so fewer mask rows leave the kept levels' logits unchanged)
-        step_start = tick = time.perf_counter()
+        tick = time.perf_counter()
         features = torch.cat(waiting, dim=1) if len(waiting) > 1 else waiting[0]
         num_masks = min(budget, config.draft_length) - 1
         draft_logits = draft(
@@ -185,14 +185,16 @@ def dart_generate(
         ).logits
         if num_masks > 0:
             draft_cache.crop(-num_masks)
-        stats.draft_time += time.perf_counter() - tick
+        draft_seconds = time.perf_counter() - tick
+        stats.draft_time += draft_seconds
 
         tick = time.perf_counter()
         if controller is not None:
             tree = tree_policy(draft_logits[0], input_ids[0], draft.draft_to_target, budget=budget)
         else:
             tree = tree_policy(draft_logits[0], input_ids[0], draft.draft_to_target)
-        stats.tree_time += time.perf_counter() - tick
+        tree_seconds = time.perf_counter() - tick
+        stats.tree_time += tree_seconds
 
         tick = time.perf_counter()
         past_len = cache.get_seq_length()
@@ -205,12 +207,12 @@ def dart_generate(
         stats.tree_sizes.append(len(tree))
         stats.budgets.append(budget)
         stats.accepted_lengths.append(len(acceptance.tokens))
+        if controller is not None:
+            controller.record_step(tree, acceptance.path, budget, draft_seconds + tree_seconds)
         for token, token_scores, token_logits in zip(acceptance.tokens, acceptance.scores, acceptance.logits):
             stopped = commit(token, token_scores, token_logits)
             if stopped:
                 break
-        if controller is not None:
-            controller.record_step(tree, acceptance.path, budget, time.perf_counter() - step_start)
         waiting = [tree_features[acceptance.path].unsqueeze(0)]
     stats.total_time = time.perf_counter() - start
 
@@ -234,25 +236,18 @@ def choose_token(scores: torch.Tensor, do_sample: bool) -> int:
     return int(scores.argmax())
 
 
-def adaptive_budget(
-    draft: DartDraftModel, target: PreTrainedModel, max_budget: int, tree_options: dict | None = None
-) -> AdaptiveBudget:
+def adaptive_budget(draft: DartDraftModel, target: PreTrainedModel, max_budget: int) -> AdaptiveBudget:
     """The budget controller for one `generate` call: the target's forward costs (calibrated once per model and
-    machine, then memoised on the draft) and the draft's `budget_memory` for this target and these tree options."""
+    machine, then memoised on the draft) and the draft's acceptance history, shared across calls."""
     key = calibration_key(target)
-    costs = getattr(draft, "_dart_forward_costs", None) or {}
-    if key not in costs or costs[key].node_counts[-1] < max_budget + 1:
-        costs[key] = calibrate_forward_costs(target, list(draft.config.feature_layers), max_budget + 1)
-        draft._dart_forward_costs = costs
-    return AdaptiveBudget(costs[key], max_budget, budget_memory(draft, target, tree_options))
-
-
-def budget_memory(draft: DartDraftModel, target: PreTrainedModel, tree_options: dict | None = None) -> BudgetMemory:
-    """What the adaptive budget learned across calls with this draft, target and tree options (the `tree_options`
-    of `generate`, without `adaptive`); acceptance and step costs depend on all three. Created empty."""
-    options = {name: value for name, value in (tree_options or {}).items() if name != "adaptive"}
-    memories = draft.__dict__.setdefault("_dart_budget_memory", {})
-    return memories.setdefault(f"{calibration_key(target)}|{sorted(options.items())!r}", BudgetMemory())
+    memo = getattr(draft, "_dart_forward_costs", None) or {}
+    if key not in memo or memo[key].node_counts[-1] < max_budget + 1:
+        memo[key] = calibrate_forward_costs(target, list(draft.config.feature_layers), max_budget + 1)
+        draft._dart_forward_costs = memo
+    history = getattr(draft, "_dart_acceptance_history", None)
+    if history is None:
+        history = draft._dart_acceptance_history = deque(maxlen=64)  # recent steps: acceptance varies by text
+    return AdaptiveBudget(memo[key], max_budget, history)
 
 
 def build_tree_policy(draft: DartDraftModel, eos_token_id: int | list[int] | None = None, **options) -> TreePolicy:
