@@ -12,6 +12,7 @@ import time
 import torch
 
 from dart_hf import budget
+from dart_hf.bench import chat_inputs
 from dart_hf.prompts import load_prompts
 from dart_hf.zoo import load_draft, load_target
 
@@ -28,28 +29,20 @@ def main() -> None:
     draft = load_draft("smollm2-135m-instruct-dart", target)
     budget.AdaptiveBudget.next_budget = lambda self: 0  # every step plain
 
-    def chat(prompt: str) -> dict:
-        return tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
-        )
-
     kwargs = dict(max_new_tokens=args.max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id)
-    target.generate(**chat("Hello there"), assistant_model=draft, **kwargs)  # warm-up (and calibration)
+    warm_up = chat_inputs(tokenizer, "Hello there")
+    target.generate(**warm_up, assistant_model=draft, **kwargs)  # first-call setup and calibration, untimed
     prompts = [p for name in (args.set or ["mbpp"]) for p in load_prompts(name, args.prompts)]
     ratios, vanilla_total, dart_total = [], 0.0, 0.0
     for index, prompt in enumerate(prompts * args.repeats):
-        inputs = chat(prompt)
-        seconds = {}
+        inputs = chat_inputs(tokenizer, prompt)
+        seconds, outputs = {}, {}
         for method in ("vanilla", "dart") if index % 2 == 0 else ("dart", "vanilla"):
             extra = {"assistant_model": draft} if method == "dart" else {}
             start = time.perf_counter()
-            output = target.generate(**inputs, **kwargs, **extra)
+            outputs[method] = target.generate(**inputs, **kwargs, **extra)
             seconds[method] = time.perf_counter() - start
-            if method == "vanilla":
-                reference = output
-            else:
-                dart_output = output
-        assert torch.equal(dart_output, reference)
+        assert torch.equal(outputs["dart"], outputs["vanilla"])
         ratios.append(seconds["dart"] / seconds["vanilla"])
         vanilla_total += seconds["vanilla"]
         dart_total += seconds["dart"]

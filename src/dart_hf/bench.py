@@ -2,9 +2,10 @@
 
 Methods run interleaved prompt by prompt (the same prompts, the same process, the order reversed on every other
 prompt), so machine noise hits all of them alike. Speed is reported as ratios to vanilla float32 `generate`: the
-median of per-prompt ratios and the total-time ratio. Every greedy DART output is checked against vanilla's, and the draft's teacher-forced
-agreement with vanilla's greedy output (alpha_k) is reported per set. Each method first runs once untimed on a
-prompt of its own (first-call setup and DART's one-time cost calibration stay out of the timings).
+median of per-prompt ratios and the total-time ratio. Every greedy DART output is checked against vanilla's,
+and the draft's teacher-forced agreement with vanilla's greedy output (alpha_k) is reported per set. Each
+method first runs once untimed on a prompt of its own (first-call setup and DART's one-time cost calibration
+stay out of the timings).
 
     dart-hf bench --draft smollm2-135m-instruct-dart            # 20 prompts per set, 32 new tokens, greedy
     dart-hf bench --draft smollm2-135m-instruct-dart --quick    # 2 prompts per set
@@ -56,6 +57,13 @@ class MethodResult:
         self.alpha_rows = rows.clone() if self.alpha_rows is None else self.alpha_rows + rows
 
 
+def chat_inputs(tokenizer, prompt: str) -> dict:
+    """`generate` inputs (`input_ids` `[1, S]`, `attention_mask`) for one user turn in the tokenizer's chat format."""
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
+
+
 def run_benchmark(
     target,
     tokenizer,
@@ -76,11 +84,6 @@ def run_benchmark(
     bf16_target = None
     if "vanilla_bf16" in methods:
         bf16_target = type(target).from_pretrained(target.name_or_path, dtype=torch.bfloat16).eval()
-
-    def chat(prompt: str) -> dict:
-        return tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
-        )
 
     def method_call(method: str) -> tuple:
         """(model, generate kwargs) of a method."""
@@ -103,13 +106,14 @@ def run_benchmark(
     # untimed warm-up of every method: first-call setup (and DART's one-time cost calibration) stays out of timings
     for method in methods:
         model, kwargs = method_call(method)
-        model.generate(**chat(WARM_UP_PROMPT), **{**kwargs, "max_new_tokens": 16})
+        model.generate(**chat_inputs(tokenizer, WARM_UP_PROMPT), **{**kwargs, "max_new_tokens": 16})
 
+    dart_methods = [m for m in methods if m.startswith("dart")]
     results: dict[str, dict[str, MethodResult]] = {}
     work = [(name, prompt) for name in sets for prompt in load_prompts(name, prompts_per_set)]
     for index, (set_name, prompt) in enumerate(tqdm(work, desc="benchmark", unit="prompt")):
         per_method = results.setdefault(set_name, {m: MethodResult() for m in methods})
-        inputs = chat(prompt)
+        inputs = chat_inputs(tokenizer, prompt)
         outputs = {}
         # every other prompt runs the methods in reverse order, so that running first or last (a warm or cold
         # cache, the machine's drift) favours no method
@@ -140,14 +144,13 @@ def run_benchmark(
         if do_sample:
             continue
         reference = outputs["vanilla"]
-        for method in methods:
-            if method.startswith("dart") and not torch.equal(outputs[method], reference):
+        for method in dart_methods:
+            if not torch.equal(outputs[method], reference):
                 per_method[method].mismatches += 1
-        if draft is not None:  # untimed: the draft's agreement with vanilla's greedy output
+        if dart_methods:  # untimed: the draft's agreement with vanilla's greedy output
             hits, rows = greedy_agreement(draft, target, reference, inputs["input_ids"].shape[1])
-            for method in methods:
-                if method.startswith("dart"):
-                    per_method[method].add_alpha(hits, rows)
+            for method in dart_methods:
+                per_method[method].add_alpha(hits, rows)
     return summarise(results)
 
 

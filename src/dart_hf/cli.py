@@ -42,13 +42,12 @@ def generate_command(args: argparse.Namespace) -> None:
 
     import torch
 
+    from .bench import chat_inputs
     from .zoo import load_draft, load_target
 
     target, tokenizer = load_target(args.target)
     draft = load_draft(args.draft, target)
-    inputs = tokenizer.apply_chat_template(
-        [{"role": "user", "content": args.prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
-    ).to(target.device)
+    inputs = chat_inputs(tokenizer, args.prompt).to(target.device)
     settings = dict(max_new_tokens=args.max_new_tokens, do_sample=args.sample)
     seconds = {"vanilla": 0.0, "dart": 0.0}
     for _ in range(max(args.rounds, 1)):  # interleaved, so machine noise hits both alike
