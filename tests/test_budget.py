@@ -76,6 +76,16 @@ def test_probes_back_off_while_drafting_loses_and_reset_when_it_pays():
     assert controller.probe_interval == 4 and controller.next_budget() > 0
 
 
+def test_measured_overhead_travels_with_the_shared_history():
+    """A new call's controller starts from the overhead the earlier calls measured: a step that costs 30 ms
+    beyond the forward makes a 2-token-per-step tree lose to plain decoding from the first decision."""
+    ranks = [(8, [1])] * 8  # tau 2 at every budget >= 1
+    cheap = deque([StepRecord(b, np.array(r), overhead_seconds=0.0) for b, r in ranks])
+    costly = deque([StepRecord(b, np.array(r), overhead_seconds=0.030) for b, r in ranks])
+    assert AdaptiveBudget(FLAT, 8, cheap).next_budget() > 0
+    assert AdaptiveBudget(FLAT, 8, costly).next_budget() == 0
+
+
 def test_evidence_only_counts_steps_whose_tree_held_the_budget():
     controller = AdaptiveBudget(FLAT, 60, history_of([(8, [1, 2])] * 5), min_evidence=4)
     assert set(controller.estimate()) == {1, 2, 3, 4, 6, 8}

@@ -25,6 +25,9 @@ def test_untrained_draft_is_lossless(arch, dtype, attn):
         got = target.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, assistant_model=draft)
         assert torch.equal(got, expected)
         assert draft.stats.new_tokens == NEW_TOKENS
+    # DART leaves no hooks behind (Transformers' output capture would slow every later forward, vanilla's too)
+    assert not getattr(target, "_output_capturing_hooks_installed", False)
+    assert all(not module._forward_hooks for module in target.modules())
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])

@@ -1,7 +1,8 @@
 """Choosing the tree budget per step from measured costs and acceptance; plain decoding when drafting loses.
 
-A DART step runs the target once over a tree of n nodes (cost f(n)) plus the draft and the tree search (cost o),
-and commits tau(m) tokens on average for a tree budget m. Plain decoding commits one token per f(1). So:
+A DART step runs the target once over a tree of n nodes (cost f(n)) plus the draft, the tree search, the acceptance
+and the cache compaction (cost o, measured on recent steps), and commits tau(m) tokens on average for a tree
+budget m. Plain decoding commits one token per f(1). So:
 
 - f is measured once per model, dtype, device and thread count (`calibrate_forward_costs`) and cached on disk:
   on a GPU f is nearly flat, on this project's 2-core CPU a 60-node tree costs over 2.5x one token.
@@ -30,6 +31,9 @@ from transformers import DynamicCache, PreTrainedModel
 from .tree import Tree
 from .verify import forward_tree
 
+# bumped when what `forward_tree` runs changes, so that costs cached on disk by an older version are re-measured
+# (2: the feature layers read by dart_hf.features' hooks instead of `output_hidden_states`)
+CALIBRATION_METHOD = 2
 CANDIDATE_BUDGETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
@@ -76,7 +80,7 @@ def calibrate_forward_costs(
     """Time the target's tree forward (as `forward_tree` runs it) for trees of 1 to `max_nodes` nodes over a
     `context_length`-token cache; the median of `repeats` runs per size. Cached in `$DART_HF_CACHE/forward_costs.json`
     under `calibration_key(target)`, so it runs once per model and machine."""
-    key = f"{calibration_key(target)}|context={context_length}"
+    key = f"{calibration_key(target)}|context={context_length}|method={CALIBRATION_METHOD}"
     path = cost_cache_dir() / "forward_costs.json"
     stored = json.loads(path.read_text()) if use_disk_cache and path.exists() else {}
     node_counts = sorted({1, max_nodes} | {n + 1 for n in CANDIDATE_BUDGETS if n + 1 < max_nodes})
@@ -122,15 +126,18 @@ def _synchronize(device: torch.device) -> None:
 @dataclass
 class StepRecord:
     """One verified step: the budget it used and, for every m, whether the accepted path survives budget m:
-    `path_ranks[i]` is the largest rank among the first i + 1 accepted drafted nodes."""
+    `path_ranks[i]` is the largest rank among the first i + 1 accepted drafted nodes. overhead_seconds: the step's
+    time outside the target's forward (draft, tree search, acceptance, cache compaction)."""
 
     budget: int
     path_ranks: np.ndarray
+    overhead_seconds: float = 0.0
 
 
 class AdaptiveBudget:
     """Per-step choice of the tree budget (0 = one plain decoding step), from `ForwardCosts` and the acceptance
-    `history` (a deque of `StepRecord`, shared across `generate` calls so later calls start informed)."""
+    `history` (a deque of `StepRecord`, shared across `generate` calls so later calls start informed, the
+    measured overhead of a tree step included)."""
 
     def __init__(
         self,
@@ -141,6 +148,7 @@ class AdaptiveBudget:
         max_probe_interval: int = 128,
         explore_every: int = 16,
         min_evidence: int = 4,
+        overhead_window: int = 16,
     ):
         self.costs = costs
         self.max_budget = max_budget
@@ -150,7 +158,7 @@ class AdaptiveBudget:
         self.probing = False
         self.explore_every = explore_every
         self.min_evidence = min_evidence
-        self.overhead = None  # seconds of draft + tree search per step, a running mean
+        self.overhead_window = overhead_window  # the overhead is the mean of this many recent steps'
         self.plain_run = 0  # plain steps since the last tree
         self._best = None  # best() until the next record_step
         self.steps = 0
@@ -160,7 +168,7 @@ class AdaptiveBudget:
         """{budget m: (estimated tau(m), estimated seconds per committed token)} for the budgets with evidence."""
         if not self.history:
             return {}
-        overhead = self.overhead or 0.0
+        overhead = float(np.mean([r.overhead_seconds for r in list(self.history)[-self.overhead_window :]]))
         record_budgets = np.array([r.budget for r in self.history])  # [R]
         depth = max(r.path_ranks.size for r in self.history)
         ranks = np.full((len(self.history), depth), np.iinfo(np.int64).max)  # [R, D], padded past each path
@@ -203,12 +211,11 @@ class AdaptiveBudget:
 
     def record_step(self, tree: Tree, path: list[int], budget: int, overhead_seconds: float) -> None:
         """After a verified step: the tree, its accepted node path (root first), the budget it was built with and
-        the seconds its draft forward and tree search took."""
+        the seconds the step spent outside the target's forward (draft, tree search, acceptance, compaction)."""
         ranks = tree.ranks if tree.ranks is not None else torch.arange(len(tree))
         path_ranks = np.maximum.accumulate(ranks[path[1:]].numpy()) if len(path) > 1 else np.zeros(0, np.int64)
-        self.history.append(StepRecord(budget, path_ranks))
+        self.history.append(StepRecord(budget, path_ranks, overhead_seconds))
         self._best = None
-        self.overhead = overhead_seconds if self.overhead is None else 0.8 * self.overhead + 0.2 * overhead_seconds
         self.plain_run = 0
         if self.probing:  # a probe that finds drafting still losing waits twice as long for the next one
             self.probing = False

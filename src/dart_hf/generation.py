@@ -29,6 +29,7 @@ from transformers.cache_utils import DynamicSlidingWindowLayer
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .budget import AdaptiveBudget, calibrate_forward_costs, calibration_key
+from .features import forward_with_features
 from .modeling_dart import DartDraftModel
 from .tree import BeamSearchTreePolicy, TopKTreePolicy, TreePolicy
 from .verify import accept, compact_cache, forward_tree
@@ -146,10 +147,9 @@ def dart_generate(
     def plain_step(new_ids: torch.Tensor) -> tuple[torch.Tensor, bool]:
         """One ordinary decoding step over `new_ids` `[1, T]` (the prompt at prefill, else the last token): commit
         the next token; return the features of those T positions `[1, T, 3H]` and whether generation stops."""
-        outputs = model(
-            input_ids=new_ids, cache=cache, use_cache=True, output_hidden_states=feature_layers, **last_logits_only
+        outputs, step_features = forward_with_features(
+            model, feature_layers, input_ids=new_ids, cache=cache, use_cache=True, **last_logits_only
         )
-        step_features = torch.cat([outputs.hidden_states[index] for index in feature_layers], dim=-1)
         token_logits = outputs.logits[:, -1].to(dtype=torch.float32, copy=True)
         token_scores = logits_processor(input_ids, token_logits)
         token = choose_token(token_scores[0], generation_config.do_sample)
@@ -199,16 +199,18 @@ def dart_generate(
         tick = time.perf_counter()
         past_len = cache.get_seq_length()
         tree_logits, tree_features = forward_tree(model, tree, cache, feature_layers)
+        forward_done = time.perf_counter()
         acceptance = accept(tree, tree_logits, input_ids, logits_processor, generation_config.do_sample)
         compact_cache(cache, past_len, acceptance.path)
         stats.verify_time += time.perf_counter() - tick
+        accept_seconds = time.perf_counter() - forward_done
 
         stats.verify_steps += 1
         stats.tree_sizes.append(len(tree))
         stats.budgets.append(budget)
         stats.accepted_lengths.append(len(acceptance.tokens))
         if controller is not None:
-            controller.record_step(tree, acceptance.path, budget, draft_seconds + tree_seconds)
+            controller.record_step(tree, acceptance.path, budget, draft_seconds + tree_seconds + accept_seconds)
         for token, token_scores, token_logits in zip(acceptance.tokens, acceptance.scores, acceptance.logits):
             stopped = commit(token, token_scores, token_logits)
             if stopped:

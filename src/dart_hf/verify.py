@@ -12,6 +12,7 @@ from transformers import LogitsProcessorList, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
 
 from . import kernels
+from .features import forward_with_features
 from .tree import Tree
 
 
@@ -35,15 +36,15 @@ def forward_tree(
         attention = {"dart_tree": kernels.TreeAttentionMetadata.from_parents(tree.parents.to(device), past_len)}
     else:
         attention = {"attention_mask": tree_attention_mask(tree, past_len, target.dtype, device)}
-    outputs = target(
+    outputs, features = forward_with_features(
+        target,
+        feature_layers,
         input_ids=tree.tokens.to(device).unsqueeze(0),
         position_ids=(tree.depths.to(device) + past_len).unsqueeze(0),
         cache=cache,
         use_cache=True,
-        output_hidden_states=feature_layers,
         **attention,
     )
-    features = torch.cat([outputs.hidden_states[index] for index in feature_layers], dim=-1)
     return outputs.logits[0], features[0]
 
 

@@ -25,6 +25,8 @@ from safetensors.torch import save_file
 from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
+from ..features import forward_with_features
+
 FEATURE_CACHE_FORMAT = "dart-hf-features"
 FEATURE_CACHE_VERSION = 1
 MANIFEST = "cache.json"
@@ -42,10 +44,9 @@ def output_layer_input(target, input_ids: torch.Tensor, attention_mask: torch.Te
     head = target.get_output_embeddings()
     hook = head.register_forward_hook(lambda module, args, output: captured.update(hidden=args[0]))
     try:
-        outputs = target(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=layers)
+        outputs, features = forward_with_features(target, layers, input_ids=input_ids, attention_mask=attention_mask)
     finally:
         hook.remove()
-    features = torch.cat([outputs.hidden_states[index] for index in layers], dim=-1)
     return features, captured["hidden"], outputs.logits
 
 

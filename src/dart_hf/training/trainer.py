@@ -13,6 +13,7 @@ import torch
 from transformers import PreTrainedModel, Trainer
 from transformers.trainer_pt_utils import LengthGroupedSampler
 
+from ..features import forward_with_features
 from ..modeling_dart import DartDraftModel
 from .layout import prefix_shared_layout
 from .loss import dart_loss
@@ -190,8 +191,9 @@ def draft_rows(
             head = target.get_output_embeddings()
             target_logits = head(batch["target_last_hidden"].to(head.weight.dtype))
         else:
-            outputs = target(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=layers)
-            features = torch.cat([outputs.hidden_states[index] for index in layers], dim=-1)
+            outputs, features = forward_with_features(
+                target, layers, input_ids=input_ids, attention_mask=attention_mask
+            )
             target_logits = outputs.logits
 
     seq_len = input_ids.shape[1]
