@@ -32,7 +32,7 @@ from .tree import Tree
 from .verify import forward_tree
 
 # bumped when what `forward_tree` runs changes, so that costs cached on disk by an older version are re-measured
-# (2: the feature layers read by dart_hf.features' hooks instead of `output_hidden_states`)
+# (2: the feature layers read by dart_hf.features' hooks instead of `output_hidden_states`; the fastest run kept)
 CALIBRATION_METHOD = 2
 CANDIDATE_BUDGETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
@@ -78,8 +78,9 @@ def calibrate_forward_costs(
     use_disk_cache: bool = True,
 ) -> ForwardCosts:
     """Time the target's tree forward (as `forward_tree` runs it) for trees of 1 to `max_nodes` nodes over a
-    `context_length`-token cache; the median of `repeats` runs per size. Cached in `$DART_HF_CACHE/forward_costs.json`
-    under `calibration_key(target)`, so it runs once per model and machine."""
+    `context_length`-token cache; the fastest of `repeats` runs per size, since other work on the machine only ever
+    adds time and the result is kept for good: cached in `$DART_HF_CACHE/forward_costs.json` under
+    `calibration_key(target)`, so it runs once per model and machine."""
     key = f"{calibration_key(target)}|context={context_length}|method={CALIBRATION_METHOD}"
     path = cost_cache_dir() / "forward_costs.json"
     stored = json.loads(path.read_text()) if use_disk_cache and path.exists() else {}
@@ -106,7 +107,7 @@ def calibrate_forward_costs(
             if repeat > 0:  # the first round warms up
                 size_times.append(time.perf_counter() - start)
             cache.crop(-len(tree))
-    seconds = [float(np.median(size_times)) for size_times in times]
+    seconds = [min(size_times) for size_times in times]
     seconds = np.maximum.accumulate(seconds).tolist()  # more nodes never cost less: smooths timing noise
     costs = ForwardCosts(node_counts, seconds)
     if use_disk_cache:
