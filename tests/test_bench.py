@@ -1,6 +1,8 @@
 """The benchmark harness on a tiny target: every method runs, DART is checked against vanilla, files are written."""
 
 
+import random
+
 import dart_hf.bench as bench
 from _helpers import char_tokenizer, tiny_target
 from dart_hf import DartDraftModel
@@ -21,11 +23,14 @@ def test_run_benchmark_summary_table_and_plot(tmp_path, monkeypatch):
     assert overall["dart"]["greedy_mismatches"] == 0 and overall["dart"]["tau"] >= 1.0
     assert overall["dart_chain"]["greedy_mismatches"] == 0 and overall["dart_chain"]["prompts"] == 4
     assert abs(sum(overall["dart"]["time_split"].values()) - 1.0) < 1e-9
+    low, high = overall["dart"]["speedup_total_ci95"]
+    assert low <= overall["dart"]["speedup_total"] <= high and len(overall["dart"]["seconds"]) == 4
     alpha = overall["dart"]["draft_alpha"]
     assert len(alpha) == draft.config.draft_length and all(0.0 <= a <= 1.0 for a in alpha)
     assert summary["set-a"]["dart_no_ngram"]["draft_alpha"] == summary["set-a"]["dart"]["draft_alpha"]
     table = bench.markdown_table(summary)
     assert "| overall |" in table and "dart speedup (tau)" in table and "alpha_1" in table
+    assert "{:.2f}-{:.2f}]".format(low, high) in table
     bench.plot(summary, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 1000
 
@@ -51,3 +56,15 @@ def test_methods_run_in_reverse_order_on_every_other_prompt(monkeypatch):
     )
     timed = calls[3:]  # after one untimed warm-up per method
     assert timed == ["vanilla", "lookup", "dart", "dart", "lookup", "vanilla", "vanilla", "lookup", "dart"]
+
+
+def test_bootstrap_interval_holds_the_estimate_and_widens_with_noise():
+    assert bench.bootstrap_interval([2.0] * 10, [1.0] * 10) == [2.0, 2.0]  # no spread, no uncertainty
+    rng = random.Random(0)
+    vanilla = [1.0 + rng.random() for _ in range(20)]
+    quiet = [v / 1.1 * (1 + 0.01 * rng.uniform(-1, 1)) for v in vanilla]
+    noisy = [v / 1.1 * (1 + 0.20 * rng.uniform(-1, 1)) for v in vanilla]
+    low, high = bench.bootstrap_interval(vanilla, quiet)
+    assert low < sum(vanilla) / sum(quiet) < high and 1.08 < low and high < 1.12
+    noisy_low, noisy_high = bench.bootstrap_interval(vanilla, noisy)
+    assert noisy_high - noisy_low > 3 * (high - low)

@@ -20,11 +20,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from .modeling_dart import DartDraftModel
 from .prompts import PROMPT_SETS, load_prompts
+from .training.feature_cache import _write_atomically
 from .training.trainer import greedy_agreement
 from .zoo import load_draft, load_target
 
@@ -170,6 +172,8 @@ def summarise(results: dict[str, dict[str, MethodResult]]) -> dict:
                 ratios = [v / s for v, s in zip(vanilla.seconds, result.seconds)]
                 row["speedup_median"] = statistics.median(ratios)
                 row["speedup_total"] = sum(vanilla.seconds) / max(sum(result.seconds), 1e-9)
+                row["speedup_total_ci95"] = bootstrap_interval(vanilla.seconds, result.seconds)
+                row["seconds"] = result.seconds
             if result.verify_steps or result.plain_steps:
                 row["tau"] = statistics.fmean(result.taus) if result.taus else 1.0
                 total = sum(result.split.values())
@@ -182,6 +186,17 @@ def summarise(results: dict[str, dict[str, MethodResult]]) -> dict:
             rows[method] = row
         summary[set_name] = rows
     return summary
+
+
+def bootstrap_interval(
+    numerators: list[float], denominators: list[float], resamples: int = 2000, seed: int = 0
+) -> list[float]:
+    """95% bootstrap interval of sum(numerators) / sum(denominators), resampling the prompts (pairs) with
+    replacement: how far a set's total-time speedup could move on other prompts of the same kind."""
+    numerators, denominators = np.asarray(numerators, dtype=float), np.asarray(denominators, dtype=float)
+    picks = np.random.default_rng(seed).integers(0, len(numerators), size=(resamples, len(numerators)))
+    ratios = numerators[picks].sum(axis=1) / np.maximum(denominators[picks].sum(axis=1), 1e-9)
+    return np.percentile(ratios, [2.5, 97.5]).tolist()
 
 
 def _merge(results: dict[str, dict[str, MethodResult]]) -> dict[str, MethodResult]:
@@ -204,8 +219,8 @@ def _merge(results: dict[str, dict[str, MethodResult]]) -> dict[str, MethodResul
 
 
 def markdown_table(summary: dict) -> str:
-    """The summary as a markdown table: total-time speedup per set and method, with tau (and the plain-decoding
-    share) for DART."""
+    """The summary as a markdown table: total-time speedup per set and method with its 95% bootstrap interval over
+    the prompts, and tau (and the plain-decoding share) for DART."""
     methods = list(next(iter(summary.values())))
     header = "| set | " + " | ".join(f"{m} speedup (tau)" for m in methods) + " |"
     lines = [header, "|" + " --- |" * (len(methods) + 1)]
@@ -214,6 +229,8 @@ def markdown_table(summary: dict) -> str:
         for method in methods:
             row = rows[method]
             cell = f"{row.get('speedup_total', 1.0):.2f}x"
+            if method != "vanilla" and "speedup_total_ci95" in row:
+                cell += " [{:.2f}-{:.2f}]".format(*row["speedup_total_ci95"])
             if "tau" in row:
                 cell += f" ({row['tau']:.2f}"
                 cell += f", {row['plain_fraction']:.0%} plain)" if row.get("plain_fraction") else ")"
@@ -254,7 +271,8 @@ def plot(summary: dict, path: Path) -> None:
         axis.legend(fontsize=7)
     left.axhline(1.0, color="black", linewidth=0.5)
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    _write_atomically(Path(path), lambda tmp: figure.savefig(tmp, dpi=120, format="png"))
+    plt.close(figure)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -281,8 +299,8 @@ def main(argv: list[str] | None = None) -> None:
         methods=args.methods, tree_options={"budget": args.tree_budget} if args.tree_budget else None,
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    Path(f"{args.out}.json").write_text(json.dumps(summary, indent=2) + "\n")
-    Path(f"{args.out}.md").write_text(markdown_table(summary) + "\n")
+    for suffix, text in ((".json", json.dumps(summary, indent=2) + "\n"), (".md", markdown_table(summary) + "\n")):
+        _write_atomically(Path(f"{args.out}{suffix}"), lambda tmp: Path(tmp).write_text(text))
     plot(summary, Path(f"{args.out}.png"))
     print(markdown_table(summary))
 
