@@ -24,9 +24,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from .files import write_atomically
 from .modeling_dart import DartDraftModel
 from .prompts import PROMPT_SETS, load_prompts
-from .training.feature_cache import _write_atomically
 from .training.trainer import greedy_agreement
 from .zoo import load_draft, load_target
 
@@ -271,7 +271,7 @@ def plot(summary: dict, path: Path) -> None:
         axis.legend(fontsize=7)
     left.axhline(1.0, color="black", linewidth=0.5)
     figure.tight_layout()
-    _write_atomically(Path(path), lambda tmp: figure.savefig(tmp, dpi=120, format="png"))
+    write_atomically(Path(path), lambda tmp: figure.savefig(tmp, dpi=120, format="png"))
     plt.close(figure)
 
 
@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for suffix, text in ((".json", json.dumps(summary, indent=2) + "\n"), (".md", markdown_table(summary) + "\n")):
-        _write_atomically(Path(f"{args.out}{suffix}"), lambda tmp: Path(tmp).write_text(text))
+        write_atomically(Path(f"{args.out}{suffix}"), lambda tmp: Path(tmp).write_text(text))
     plot(summary, Path(f"{args.out}.png"))
     print(markdown_table(summary))
 

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from .files import write_atomically
 from .tree import Tree
 from .verify import forward_tree
 
@@ -113,9 +114,7 @@ def calibrate_forward_costs(
     if use_disk_cache:
         stored[key] = {"node_counts": node_counts, "seconds": seconds}
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(stored, indent=1))
-        os.replace(tmp, path)
+        write_atomically(path, lambda temporary: Path(temporary).write_text(json.dumps(stored, indent=1)))
     return costs
 
 

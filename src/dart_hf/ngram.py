@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
+from .files import write_atomically
+
 FORMAT_NAME = "dart-hf-ngram"
 FORMAT_VERSION = "1"
 NGRAM_FILENAME = "ngram.safetensors"
@@ -214,10 +216,7 @@ class NgramTable:
             "format": FORMAT_NAME, "version": FORMAT_VERSION, "order": str(self.order),
             "vocab_size": str(self.vocab_size), "info": json.dumps(self.metadata),
         }
-        path = Path(path)
-        temporary = path.with_name(path.name + ".tmp")
-        save_file(tensors, str(temporary), metadata=metadata)
-        os.replace(temporary, path)
+        write_atomically(path, lambda temporary: save_file(tensors, temporary, metadata=metadata))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> NgramTable:

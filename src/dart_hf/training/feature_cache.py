@@ -26,6 +26,7 @@ from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
 from ..features import forward_with_features
+from ..files import write_atomically
 
 FEATURE_CACHE_FORMAT = "dart-hf-features"
 FEATURE_CACHE_VERSION = 1
@@ -87,7 +88,7 @@ def build_feature_cache(
                 "differ); delete that folder or pick another feature_cache_dir."
             )
     else:
-        _write_atomically(manifest_path, lambda tmp: Path(tmp).write_text(json.dumps(manifest, indent=1)))
+        write_atomically(manifest_path, lambda tmp: Path(tmp).write_text(json.dumps(manifest, indent=1)))
 
     head_checked = False
     num_shards = -(-len(examples) // shard_size)
@@ -120,7 +121,7 @@ def build_feature_cache(
                 tensors[f"features.{index}"] = features[row, : len(sequence)].to(dtype).cpu().contiguous()
                 tensors[f"last_hidden.{index}"] = hidden[row, : len(sequence)].to(dtype).cpu().contiguous()
         metadata = {"format": FEATURE_CACHE_FORMAT, "fingerprints": json.dumps([fingerprints[i] for i in indices])}
-        _write_atomically(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+        write_atomically(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
     return FeatureCache(directory)
 
 
@@ -181,8 +182,3 @@ class CachedFeatureDataset(Dataset):
         features, last_hidden = self.cache[index]
         return dict(self.examples[index], target_features=features, target_last_hidden=last_hidden)
 
-
-def _write_atomically(path: Path, write) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(str(tmp))
-    os.replace(tmp, path)
