@@ -35,8 +35,9 @@ def main() -> None:
     print(tokenizer.decode(dart[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True))
     print(f"\nidentical to vanilla greedy decoding: {torch.equal(dart, vanilla)}")
     print(
-        f"tau {stats.tau:.2f} tokens per target forward over {stats.verify_steps} tree steps; "
-        f"{stats.plain_fraction:.0%} plain decoding steps (tree budget chosen: {stats.chosen_budget})"
+        f"tau {stats.tau:.2f} tokens per target forward over {stats.verify_steps} verify steps "
+        f"({stats.lookup_steps} of them context-lookup chains); {stats.plain_fraction:.0%} plain decoding steps "
+        f"(tree budget chosen: {stats.chosen_budget})"
     )
     print(f"speedup over vanilla generate: {seconds['vanilla'] / seconds['dart']:.2f}x (3 interleaved rounds)")
 

@@ -15,7 +15,7 @@ def test_run_benchmark_summary_table_and_plot(tmp_path, monkeypatch):
     tokenizer = char_tokenizer()
     summary = bench.run_benchmark(
         target, tokenizer, draft, ["set-a", "set-b"], prompts_per_set=2, max_new_tokens=16,
-        methods=["vanilla", "prompt_lookup", "dart_chain", "dart_no_ngram", "dart"],
+        methods=["vanilla", "prompt_lookup", "dart_chain", "dart_no_ngram", "dart_no_lookup", "dart"],
     )
     assert set(summary) == {"set-a", "set-b", "overall"}
     overall = summary["overall"]
@@ -23,6 +23,9 @@ def test_run_benchmark_summary_table_and_plot(tmp_path, monkeypatch):
     assert overall["dart"]["greedy_mismatches"] == 0 and overall["dart"]["tau"] >= 1.0
     assert overall["dart_chain"]["greedy_mismatches"] == 0 and overall["dart_chain"]["prompts"] == 4
     assert abs(sum(overall["dart"]["time_split"].values()) - 1.0) < 1e-9
+    no_lookup = overall["dart_no_lookup"]
+    assert no_lookup["greedy_mismatches"] == 0 and no_lookup["lookup_fraction"] == 0
+    assert no_lookup["time_split"]["lookup"] == 0
     low, high = overall["dart"]["speedup_total_ci95"]
     assert low <= overall["dart"]["speedup_total"] <= high and len(overall["dart"]["seconds"]) == 4
     alpha = overall["dart"]["draft_alpha"]

@@ -9,7 +9,14 @@ import torch
 from _helpers import OracleDraft, prompts, tiny_target
 from dart_hf import DartDraftModel
 from dart_hf import budget as budget_module
-from dart_hf.budget import AdaptiveBudget, ForwardCosts, StepRecord, calibrate_forward_costs, calibration_key
+from dart_hf.budget import (
+    AdaptiveBudget,
+    ForwardCosts,
+    LookupEvidence,
+    StepRecord,
+    calibrate_forward_costs,
+    calibration_key,
+)
 from dart_hf.tree import BeamSearchTreePolicy, TopKTreePolicy
 
 FLAT = ForwardCosts([1, 65], [0.010, 0.011])
@@ -84,6 +91,44 @@ def test_measured_overhead_travels_with_the_shared_history():
     costly = deque([StepRecord(b, np.array(r), overhead_seconds=0.030) for b, r in ranks])
     assert AdaptiveBudget(FLAT, 8, cheap).next_budget() > 0
     assert AdaptiveBudget(FLAT, 8, costly).next_budget() == 0
+
+
+def lookup_evidence(matched_by_match: dict[int, list[int]]) -> LookupEvidence:
+    evidence = LookupEvidence()
+    for match, outcomes in matched_by_match.items():
+        for matched in outcomes:
+            evidence.record(match, matched)
+    return evidence
+
+
+def test_lookup_needs_evidence_for_its_match_length():
+    controller = AdaptiveBudget(FLAT, 60, deque(), lookup=lookup_evidence({3: [10] * 3, 2: [10] * 4}))
+    assert controller.lookup_length(3, 10) == 0  # 3 outcomes, fewer than min_evidence
+    assert controller.lookup_length(2, 10) == 10
+    assert controller.lookup_length(1, 10) == 0  # nothing seen after one-token matches
+    assert controller.lookup_length(2, 0) == 0  # no continuation
+
+
+def test_lookup_length_follows_costs_and_matches():
+    held = lookup_evidence({3: [10] * 8, 1: [0] * 8})
+    assert AdaptiveBudget(FLAT, 60, deque(), lookup=held).lookup_length(3, 10) == 10
+    assert AdaptiveBudget(FLAT, 60, deque(), lookup=held).lookup_length(3, 4) == 4  # only 4 available
+    assert AdaptiveBudget(FLAT, 60, deque(), lookup=held).lookup_length(1, 10) == 0  # never matched: plain wins
+    # at 10 ms a node, a token must be accepted for every node verified: half the continuations failing loses
+    coin = lookup_evidence({3: [10, 0] * 4})
+    assert AdaptiveBudget(STEEP, 60, deque(), lookup=coin).lookup_length(3, 10) == 0
+    assert AdaptiveBudget(FLAT, 60, deque(), lookup=coin).lookup_length(3, 10) == 10
+    # every other continuation held 2 tokens, the rest none: the third token is never worth its cost
+    half = lookup_evidence({2: [2, 0] * 4})
+    moderate = ForwardCosts([1, 65], [0.010, 0.074])  # 1 ms per node
+    assert AdaptiveBudget(moderate, 60, deque(), lookup=half).lookup_length(2, 10) == 2
+
+
+def test_lookup_yields_to_a_drafted_tree_that_is_cheaper_per_token():
+    deep = history_of([(60, [1, 2, 3, 4, 5, 6])] * 8)  # tau 7 at budget 6
+    short = lookup_evidence({3: [1] * 8})  # tau 2
+    assert AdaptiveBudget(FLAT, 60, deep, lookup=short).lookup_length(3, 10) == 0
+    assert AdaptiveBudget(FLAT, 60, deque(), lookup=short).lookup_length(3, 10) >= 1
 
 
 def test_evidence_only_counts_steps_whose_tree_held_the_budget():

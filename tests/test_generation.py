@@ -67,6 +67,7 @@ def test_custom_generate_entry_point_matches_assistant_model():
 def test_tree_options_per_call_and_stats_times():
     target = tiny_target("llama")
     draft = DartDraftModel.from_target(target)
+    draft.config.tree_lookup_length = 0  # a random model's text repeats itself: lookup chains would replace trees
     prompt = prompts(1, seed=5)[0]
     expected = vanilla(target, prompt)
     for budget, top_k in [(1, 1), (8, 2), (120, 40)]:
@@ -222,6 +223,7 @@ def test_ngram_pruned_trees_are_lossless(arch, policy):
 
     target = tiny_target(arch, dtype=torch.float64, seed=17)
     draft = DartDraftModel.from_target(target)
+    draft.config.tree_lookup_length = 0  # the trees are under test; lookup chains would replace some
     corpus = [vanilla(target, prompt)[0].tolist() for prompt in prompts(3, seed=18)]
     rng = np.random.default_rng(0)
     corpus += [rng.integers(0, 128, 40).tolist() for _ in range(50)]
@@ -286,3 +288,20 @@ def test_sampling_options_run_and_commit_only_allowed_tokens():
     # top_k=1 leaves one token per step: sampling must then equal greedy decoding
     assert torch.equal(out.sequences, vanilla(target, prompt)[:, : prompt.shape[1] + 40])
     assert len(out.scores) == 40 and all(int(torch.isfinite(s).sum()) == 1 for s in out.scores)
+
+
+def test_context_lookup_engages_on_repeating_text_and_is_lossless():
+    from dart_hf.budget import ForwardCosts, calibration_key
+
+    target = tiny_target("llama", seed=8)  # random models fall into loops: their text repeats itself
+    draft = DartDraftModel.from_target(target)  # untrained: its trees are almost never accepted
+    draft._dart_forward_costs = {calibration_key(target): ForwardCosts([1, 65], [0.010, 0.011])}  # flat costs
+    lookup_steps, longest = 0, 0
+    for prompt in prompts(3, seed=9):
+        expected = vanilla(target, prompt)
+        assert torch.equal(target.generate(prompt, max_new_tokens=NEW_TOKENS, assistant_model=draft), expected)
+        lookup_steps += draft.stats.lookup_steps
+        longest = max(longest, *draft.stats.accepted_lengths)
+    assert lookup_steps > 0 and longest >= 4  # chains were verified, and long ones accepted
+    got = target.generate(prompt, max_new_tokens=NEW_TOKENS, assistant_model=draft, tree_options={"lookup_length": 0})
+    assert torch.equal(got, expected) and draft.stats.lookup_steps == 0

@@ -54,12 +54,12 @@ def chi_square(observed: Counter, expected_probs: dict, samples: int) -> tuple[f
 
 
 @torch.no_grad()
-def exact_joint(target, processors) -> dict:
-    """P(first NEW_TOKENS tokens) under the target with `processors`, by enumerating prefixes."""
+def exact_joint(target, processors, prompt: torch.Tensor = PROMPT) -> dict:
+    """P(first NEW_TOKENS tokens after `prompt`) under the target with `processors`, by enumerating prefixes."""
     joint = {(): 1.0}
     for _ in range(NEW_TOKENS):
         prefixes = list(joint)
-        rows = torch.cat([PROMPT.repeat(len(prefixes), 1), torch.tensor(prefixes, dtype=torch.long).view(len(prefixes), -1)], 1)
+        rows = torch.cat([prompt.repeat(len(prefixes), 1), torch.tensor(prefixes, dtype=torch.long).view(len(prefixes), -1)], 1)
         logits = target(rows).logits[:, -1].float()
         extended = {}
         for row, prefix in enumerate(prefixes):
@@ -159,3 +159,30 @@ def test_same_seed_same_output(target_and_draft):
         outputs.append(target.generate(PROMPT, max_new_tokens=20, do_sample=True, temperature=0.9,
                                        assistant_model=draft, tree_options={"adaptive": False}))
     assert torch.equal(outputs[0], outputs[1])
+
+
+
+@pytest.mark.parametrize("rule", ["exact", "biased"])
+def test_lookup_chains_sample_the_exact_target_distribution(target_and_draft, monkeypatch, rule):
+    from dart_hf.budget import ForwardCosts, LookupEvidence, calibration_key
+
+    target, _ = target_and_draft
+    draft = DartDraftModel.from_target(target, feature_layers=[1, 2, 3])
+    kwargs, processors = SETTINGS["temperature"]
+    prompt = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7, 1, 5, 2]])  # every token occurs: every step finds a match
+    draft._dart_forward_costs = {calibration_key(target): ForwardCosts([1, 65], [0.010, 0.011])}
+    evidence = draft._dart_lookup_evidence = LookupEvidence(window=10**6)
+    for match in (1, 2, 3):  # overwhelming evidence that continuations hold: every match is verified as a chain
+        for _ in range(10**4):
+            evidence.record(match, 10)
+    if rule == "biased":
+        monkeypatch.setattr(dart_hf.verify, "sample_child", biased_sample_child)
+    torch.manual_seed(0)
+    observed, lookup_steps = Counter(), 0
+    for _ in range(SAMPLES):
+        out = target.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=True, assistant_model=draft, **kwargs)
+        observed[tuple(out[0, prompt.shape[1] :].tolist())] += 1
+        lookup_steps += draft.stats.lookup_steps
+    assert lookup_steps >= SAMPLES, lookup_steps  # about every step after the prefill's token
+    statistic, critical = chi_square(observed, exact_joint(target, processors, prompt), SAMPLES)
+    assert (statistic < critical) == (rule == "exact"), (statistic, critical)

@@ -32,7 +32,7 @@ from .zoo import load_draft, load_target
 
 BENCHMARK_SETS = [name for name, prompt_set in PROMPT_SETS.items() if prompt_set.role == "benchmark"]
 WARM_UP_PROMPT = "Say hello."  # not from any prompt set
-METHODS = ["vanilla", "vanilla_bf16", "prompt_lookup", "dart_chain", "dart_no_ngram", "dart"]
+METHODS = ["vanilla", "vanilla_bf16", "prompt_lookup", "dart_chain", "dart_no_ngram", "dart_no_lookup", "dart"]
 DEFAULT_METHODS = ["vanilla", "vanilla_bf16", "prompt_lookup", "dart_no_ngram", "dart"]
 
 
@@ -44,11 +44,12 @@ class MethodResult:
     tokens: list[int] = field(default_factory=list)
     taus: list[float] = field(default_factory=list)
     split: dict[str, float] = field(
-        default_factory=lambda: {"draft": 0.0, "tree": 0.0, "verify": 0.0, "plain": 0.0, "other": 0.0}
+        default_factory=lambda: {"draft": 0.0, "tree": 0.0, "verify": 0.0, "lookup": 0.0, "plain": 0.0, "other": 0.0}
     )
     mismatches: int = 0
     verify_steps: int = 0
     plain_steps: int = 0
+    lookup_steps: int = 0
     budgets: list[int] = field(default_factory=list)
     alpha_hits: torch.Tensor | None = None  # [draft_length], the draft's teacher-forced agreement with vanilla
     alpha_rows: torch.Tensor | None = None
@@ -100,6 +101,8 @@ def run_benchmark(
             options = dict(tree_options or {})
             if method == "dart_no_ngram":
                 options["use_ngram"] = False
+            if method == "dart_no_lookup":  # the drafted trees alone, without context-lookup chains
+                options["lookup_length"] = 0
             if method == "dart_chain":  # Transformers' assisted decoding with DART's chain candidates
                 kwargs["dart_chain"] = True
             kwargs["tree_options"] = options
@@ -136,12 +139,14 @@ def run_benchmark(
                 result.split["draft"] += stats.draft_time
                 result.split["tree"] += stats.tree_time
                 result.split["verify"] += stats.verify_time
+                result.split["lookup"] += stats.lookup_time
                 result.split["plain"] += stats.plain_time
-                result.split["other"] += (
-                    seconds - stats.draft_time - stats.tree_time - stats.verify_time - stats.plain_time
+                result.split["other"] += seconds - sum(
+                    (stats.draft_time, stats.tree_time, stats.verify_time, stats.lookup_time, stats.plain_time)
                 )
                 result.verify_steps += stats.verify_steps
                 result.plain_steps += stats.plain_steps
+                result.lookup_steps += stats.lookup_steps
                 result.budgets += stats.budgets
         if do_sample:
             continue
@@ -180,6 +185,7 @@ def summarise(results: dict[str, dict[str, MethodResult]]) -> dict:
                 row["time_split"] = {part: value / total for part, value in result.split.items()} if total else {}
                 row["greedy_mismatches"] = result.mismatches
                 row["plain_fraction"] = result.plain_steps / (result.plain_steps + result.verify_steps)
+                row["lookup_fraction"] = result.lookup_steps / (result.plain_steps + result.verify_steps)
                 row["budget_chosen"] = statistics.median(result.budgets) if result.budgets else 0
             if result.alpha_hits is not None:
                 row["draft_alpha"] = (result.alpha_hits / result.alpha_rows.clamp(min=1)).tolist()
@@ -210,6 +216,7 @@ def _merge(results: dict[str, dict[str, MethodResult]]) -> dict[str, MethodResul
             target.mismatches += result.mismatches
             target.verify_steps += result.verify_steps
             target.plain_steps += result.plain_steps
+            target.lookup_steps += result.lookup_steps
             target.budgets += result.budgets
             if result.alpha_hits is not None:
                 target.add_alpha(result.alpha_hits, result.alpha_rows)
@@ -220,7 +227,7 @@ def _merge(results: dict[str, dict[str, MethodResult]]) -> dict[str, MethodResul
 
 def markdown_table(summary: dict) -> str:
     """The summary as a markdown table: total-time speedup per set and method with its 95% bootstrap interval over
-    the prompts, and tau (and the plain-decoding share) for DART."""
+    the prompts, and for DART tau and the shares of plain-decoding and context-lookup steps."""
     methods = list(next(iter(summary.values())))
     header = "| set | " + " | ".join(f"{m} speedup (tau)" for m in methods) + " |"
     lines = [header, "|" + " --- |" * (len(methods) + 1)]
@@ -232,8 +239,10 @@ def markdown_table(summary: dict) -> str:
             if method != "vanilla" and "speedup_total_ci95" in row:
                 cell += " [{:.2f}-{:.2f}]".format(*row["speedup_total_ci95"])
             if "tau" in row:
-                cell += f" ({row['tau']:.2f}"
-                cell += f", {row['plain_fraction']:.0%} plain)" if row.get("plain_fraction") else ")"
+                shares = [f"{row[key]:.0%} {name}" for key, name in (("plain_fraction", "plain"),
+                          ("lookup_fraction", "lookup")) if row.get(key)]
+                tau = f"{row['tau']:.2f}"
+                cell += f" ({', '.join([tau] + shares)})"
             cells.append(cell)
         lines.append(f"| {set_name} | " + " | ".join(cells) + " |")
     alphas = {name: next((row["draft_alpha"] for row in rows.values() if "draft_alpha" in row), None)

@@ -13,6 +13,10 @@ budget m. Plain decoding commits one token per f(1). So:
   pays again (the interval doubles after each probe that finds drafting still losing, up to
   `max_probe_interval`, and drops back once it pays). Every `explore_every` steps it tries twice the chosen
   budget, which is how larger budgets get evidence.
+- Context lookup (`dart_hf.lookup`) chains are scored on every step for free, so `lookup_length` needs no probes:
+  it verifies the chain prefix of length k with the lowest (o_lookup + f(k + 1)) / tau_lookup(k) when that beats
+  both plain decoding and the drafted tree; tau_lookup is measured per match length n (a continuation found
+  after matching 3 tokens is far likelier to hold than one found after matching 1).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import json
 import os
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -134,6 +138,20 @@ class StepRecord:
     overhead_seconds: float = 0.0
 
 
+@dataclass
+class LookupEvidence:
+    """What context lookup has shown, shared across `generate` calls like the tree history: per match length n,
+    how many leading tokens of recent continuations the committed text matched; and the seconds recent lookup
+    steps spent outside the target's forward (acceptance, cache compaction)."""
+
+    matched: dict[int, deque] = field(default_factory=dict)
+    overheads: deque = field(default_factory=lambda: deque(maxlen=16))
+    window: int = 64
+
+    def record(self, match: int, matched: int) -> None:
+        self.matched.setdefault(match, deque(maxlen=self.window)).append(matched)
+
+
 class AdaptiveBudget:
     """Per-step choice of the tree budget (0 = one plain decoding step), from `ForwardCosts` and the acceptance
     `history` (a deque of `StepRecord`, shared across `generate` calls so later calls start informed, the
@@ -149,6 +167,7 @@ class AdaptiveBudget:
         explore_every: int = 16,
         min_evidence: int = 4,
         overhead_window: int = 16,
+        lookup: LookupEvidence | None = None,
     ):
         self.costs = costs
         self.max_budget = max_budget
@@ -163,6 +182,7 @@ class AdaptiveBudget:
         self._best = None  # best() until the next record_step
         self.steps = 0
         self.budgets = [b for b in CANDIDATE_BUDGETS if b < max_budget] + [max_budget]
+        self.lookup = lookup if lookup is not None else LookupEvidence()
 
     def estimate(self) -> dict[int, tuple[float, float]]:
         """{budget m: (estimated tau(m), estimated seconds per committed token)} for the budgets with evidence."""
@@ -208,6 +228,25 @@ class AdaptiveBudget:
         if self.steps % self.explore_every == 0 and budget < self.max_budget:
             return min(2 * budget, self.max_budget)
         return budget
+
+    def lookup_length(self, match: int, available: int) -> int:
+        """How many tokens of a context-lookup continuation to verify this step (0: none): the length with the
+        lowest estimated seconds per token, if that beats both plain decoding and the drafted tree.
+        match: the continuation's match length n; available: its length."""
+        outcomes = self.lookup.matched.get(match)
+        if not available or outcomes is None or len(outcomes) < self.min_evidence:
+            return 0
+        lengths = np.arange(1, available + 1)  # [K]
+        taus = 1.0 + np.minimum(np.array(outcomes)[:, None], lengths).mean(axis=0)  # [K]
+        overhead = float(np.mean(self.lookup.overheads)) if self.lookup.overheads else 0.0
+        seconds_per_token = (overhead + np.array([self.costs(k + 1) for k in lengths])) / taus
+        best = int(seconds_per_token.argmin())
+        alternative = min(self.costs(1), self.best()[1])
+        return int(lengths[best]) if seconds_per_token[best] < alternative else 0
+
+    def record_lookup_step(self, overhead_seconds: float) -> None:
+        """After a verified lookup chain: its seconds outside the target's forward."""
+        self.lookup.overheads.append(overhead_seconds)
 
     def record_step(self, tree: Tree, path: list[int], budget: int, overhead_seconds: float) -> None:
         """After a verified step: the tree, its accepted node path (root first), the budget it was built with and

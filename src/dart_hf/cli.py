@@ -64,7 +64,7 @@ def generate_command(args: argparse.Namespace) -> None:
     print(tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True))
     print(
         f"\ntau {stats.tau:.2f} tokens per target forward; tree budget {stats.chosen_budget}; "
-        f"{stats.plain_fraction:.0%} plain decoding steps"
+        f"{stats.plain_fraction:.0%} plain decoding steps; {stats.lookup_fraction:.0%} context-lookup steps"
     )
     if not args.no_compare:
         same = "identical to vanilla" if torch.equal(output, vanilla) else "differs from vanilla (sampling)"

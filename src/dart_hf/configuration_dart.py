@@ -33,7 +33,9 @@ class DartConfig(PreTrainedConfig):
     `tree_ngram_at_root` scores level 0 with the N-gram too (paper variant); `tree_full_softmax` normalises the
     draft probabilities over the whole vocabulary instead of the top-k (paper variant). With `tree_adaptive`
     `tree_budget` is the largest tree, and each step uses the budget the measured target forward costs and the
-    draft's acceptance say is fastest, down to plain decoding when drafting loses (`dart_hf.budget`).
+    draft's acceptance say is fastest, down to plain decoding when drafting loses (`dart_hf.budget`); it also
+    weighs verifying, instead of a drafted tree, up to `tree_lookup_length` tokens copied from where the last
+    `tree_lookup_max_match` tokens (or fewer) occurred earlier in the sequence (`dart_hf.lookup`; 0 turns it off).
     """
 
     model_type = "dart"
@@ -73,6 +75,8 @@ class DartConfig(PreTrainedConfig):
     tree_ngram_at_root: bool = False
     tree_full_softmax: bool = False
     tree_adaptive: bool = True
+    tree_lookup_length: int = 10
+    tree_lookup_max_match: int = 3
 
     def __post_init__(self, **kwargs):
         if self.head_dim is None:
@@ -106,6 +110,11 @@ class DartConfig(PreTrainedConfig):
             )
         if self.tree_policy not in ("beam", "topk"):
             raise ValueError(f"tree_policy must be 'beam' or 'topk', got {self.tree_policy!r}.")
+        if self.tree_lookup_length < 0 or self.tree_lookup_max_match < 1:
+            raise ValueError(
+                f"tree_lookup_length must be >= 0 (0 turns context lookup off) and tree_lookup_max_match >= 1, got "
+                f"{self.tree_lookup_length} and {self.tree_lookup_max_match}."
+            )
         if self.tree_budget < 1 or self.tree_top_k < 1:
             raise ValueError(
                 f"tree_budget and tree_top_k must be positive, got {self.tree_budget} and {self.tree_top_k}."

@@ -28,10 +28,11 @@ from transformers import (
 from transformers.cache_utils import DynamicSlidingWindowLayer
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from .budget import AdaptiveBudget, calibrate_forward_costs, calibration_key
+from .budget import AdaptiveBudget, LookupEvidence, calibrate_forward_costs, calibration_key
 from .features import forward_with_features
+from .lookup import LookupTracker, find_continuation
 from .modeling_dart import DartDraftModel
-from .tree import BeamSearchTreePolicy, TopKTreePolicy, TreePolicy
+from .tree import BeamSearchTreePolicy, Tree, TopKTreePolicy, TreePolicy
 from .verify import accept, compact_cache, forward_tree
 
 
@@ -40,7 +41,9 @@ class DartStats:
     """What one DART `generate` call did. Times are wall-clock seconds.
 
     tau (mean acceptance length) = tokens committed by verify steps / verify steps, the bonus token included;
-    the token that follows the prompt comes from the prefill and is not counted in tau.
+    the token that follows the prompt comes from the prefill and is not counted in tau. Verify steps include the
+    `lookup_steps` (a context-lookup chain verified instead of a drafted tree); `budgets` and `tree_sizes` are the
+    drafted trees'.
     """
 
     verify_steps: int = 0
@@ -49,11 +52,13 @@ class DartStats:
     tree_sizes: list[int] = field(default_factory=list)
     budgets: list[int] = field(default_factory=list)
     plain_steps: int = 0
+    lookup_steps: int = 0
     prefill_time: float = 0.0
     draft_time: float = 0.0
     tree_time: float = 0.0
     verify_time: float = 0.0
     plain_time: float = 0.0
+    lookup_time: float = 0.0
     total_time: float = 0.0
 
     @property
@@ -70,6 +75,11 @@ class DartStats:
     def plain_fraction(self) -> float:
         """Share of the decoding steps that fell back to plain decoding (drafting did not pay)."""
         return self.plain_steps / max(self.plain_steps + self.verify_steps, 1)
+
+    @property
+    def lookup_fraction(self) -> float:
+        """Share of the decoding steps that verified a context-lookup chain."""
+        return self.lookup_steps / max(self.plain_steps + self.verify_steps, 1)
 
 
 def dart_generate(
@@ -94,12 +104,15 @@ def dart_generate(
     dart_streamer: the user's streamer (`generate` drops `streamer` for custom functions; the router renames it).
     tree_policy: builds each tree from the draft logits; default: the draft config's policy (`tree_*` fields).
     tree_options: per-call overrides of the config's tree fields, named without the `tree_` prefix
-        (`{"budget": 30, "ngram_weight": 0.3, "policy": "topk", "adaptive": False}`), plus `use_ngram=False` to
-        ignore the draft's N-gram table; tree_budget / tree_top_k are shortcuts.
+        (`{"budget": 30, "ngram_weight": 0.3, "policy": "topk", "adaptive": False, "lookup_length": 0}`), plus
+        `use_ngram=False` to ignore the draft's N-gram table; tree_budget / tree_top_k are shortcuts.
 
     With `adaptive` (the config's `tree_adaptive`, default on) the budget is the largest tree; each step uses the
     budget that the measured forward costs and acceptance say is fastest, down to plain decoding steps when
     drafting loses (`dart_hf.budget`; `draft.stats` reports the choice). A `tree_policy` object is used as given.
+    Adaptive decoding also weighs context lookup (`dart_hf.lookup`): when the last `lookup_max_match` tokens or
+    fewer occurred earlier, up to `lookup_length` tokens that followed them, verified as a chain instead of a
+    drafted tree when their measured acceptance makes that the fastest step (`lookup_length=0` turns it off).
     """
     draft = _checked_draft(dart_draft, model)
     streamer = dart_streamer if dart_streamer is not None else streamer
@@ -107,6 +120,9 @@ def dart_generate(
     config = draft.config
     options = dict(tree_options or {})
     adaptive = options.pop("adaptive", config.tree_adaptive) and tree_policy is None
+    lookup_length = options.pop("lookup_length", config.tree_lookup_length)
+    lookup_length = lookup_length if adaptive else 0  # whether a lookup pays is the controller's call
+    lookup_max_match = options.pop("lookup_max_match", config.tree_lookup_max_match)
     if tree_policy is None:
         options.update({k: v for k, v in (("budget", tree_budget), ("top_k", tree_top_k)) if v is not None})
         tree_policy = build_tree_policy(draft, eos_token_id=generation_config.eos_token_id, **options)
@@ -116,7 +132,8 @@ def dart_generate(
             "DART tree decoding needs a fresh DynamicCache; a static cache or a cache that already holds a prefix "
             "is not supported (drop `cache_implementation` / `past_key_values`)."
         )
-    _check_sliding_window(cache, generation_config.max_length, getattr(tree_policy, "budget", config.tree_budget))
+    max_budget = getattr(tree_policy, "budget", config.tree_budget)
+    _check_sliding_window(cache, generation_config.max_length, max(max_budget, lookup_length))
 
     pad_prefix, input_ids = _strip_left_padding(input_ids, model_kwargs.get("attention_mask"))
     if streamer is not None and dart_streamer is not None:
@@ -160,10 +177,46 @@ def dart_generate(
     waiting = [prompt_features]  # features `[1, T_i, 3H]` the draft has not read yet, joined only when it runs
     stats.prefill_time = time.perf_counter() - start
 
-    max_budget = getattr(tree_policy, "budget", config.tree_budget)
-    controller = adaptive_budget(draft, model, max_budget) if adaptive else None
+    controller = adaptive_budget(draft, model, max_budget, max_chain=lookup_length) if adaptive else None
+    lookups = LookupTracker() if lookup_length else None
     draft_cache = DynamicCache()
+
+    def verify(tree: Tree) -> tuple[list[int], float]:
+        """One target forward over `tree`; keep the accepted path's cache rows and commit its tokens. Returns the
+        accepted path and the seconds spent after the forward (acceptance, cache compaction)."""
+        nonlocal stopped
+        past_len = cache.get_seq_length()
+        tree_logits, tree_features = forward_tree(model, tree, cache, feature_layers)
+        forward_done = time.perf_counter()
+        acceptance = accept(tree, tree_logits, input_ids, logits_processor, generation_config.do_sample)
+        compact_cache(cache, past_len, acceptance.path)
+        accept_seconds = time.perf_counter() - forward_done
+        waiting.append(tree_features[acceptance.path].unsqueeze(0))
+        stats.verify_steps += 1
+        stats.accepted_lengths.append(len(acceptance.tokens))
+        for token, token_scores, token_logits in zip(acceptance.tokens, acceptance.scores, acceptance.logits):
+            stopped = commit(token, token_scores, token_logits)
+            if stopped:
+                break
+        return acceptance.path, accept_seconds
+
     while not stopped:
+        if lookups is not None:  # score earlier continuations on what was committed since, then look up this one
+            context = input_ids[0].cpu().numpy()
+            for match, matched in lookups.resolve(context):
+                controller.lookup.record(match, matched)
+            match, continuation = find_continuation(context, lookup_max_match, lookup_length)
+            lookups.propose(context, match, continuation)
+            length = controller.lookup_length(match, continuation.size) if match else 0
+            if length:  # verify the continuation's first `length` tokens as a chain, without drafting
+                tick = time.perf_counter()
+                chain = [int(context[-1])] + continuation[:length].tolist()
+                _, accept_seconds = verify(Tree.from_parents(chain, list(range(-1, length))))
+                stats.lookup_steps += 1
+                stats.lookup_time += time.perf_counter() - tick
+                controller.record_lookup_step(accept_seconds)
+                continue
+
         budget = controller.next_budget() if controller is not None else max_budget
         if budget == 0:  # plain decoding step; its features wait for the draft's next step
             tick = time.perf_counter()
@@ -179,6 +232,7 @@ def dart_generate(
         # most; the draft's attention is causal, so fewer mask rows leave the kept levels' logits unchanged)
         tick = time.perf_counter()
         features = torch.cat(waiting, dim=1) if len(waiting) > 1 else waiting[0]
+        waiting = []
         num_masks = min(budget, config.draft_length) - 1
         draft_logits = draft(
             features, input_ids=input_ids[:, -features.shape[1] :], cache=draft_cache, num_masks=num_masks
@@ -197,25 +251,12 @@ def dart_generate(
         stats.tree_time += tree_seconds
 
         tick = time.perf_counter()
-        past_len = cache.get_seq_length()
-        tree_logits, tree_features = forward_tree(model, tree, cache, feature_layers)
-        forward_done = time.perf_counter()
-        acceptance = accept(tree, tree_logits, input_ids, logits_processor, generation_config.do_sample)
-        compact_cache(cache, past_len, acceptance.path)
+        path, accept_seconds = verify(tree)
         stats.verify_time += time.perf_counter() - tick
-        accept_seconds = time.perf_counter() - forward_done
-
-        stats.verify_steps += 1
         stats.tree_sizes.append(len(tree))
         stats.budgets.append(budget)
-        stats.accepted_lengths.append(len(acceptance.tokens))
         if controller is not None:
-            controller.record_step(tree, acceptance.path, budget, draft_seconds + tree_seconds + accept_seconds)
-        for token, token_scores, token_logits in zip(acceptance.tokens, acceptance.scores, acceptance.logits):
-            stopped = commit(token, token_scores, token_logits)
-            if stopped:
-                break
-        waiting = [tree_features[acceptance.path].unsqueeze(0)]
+            controller.record_step(tree, path, budget, draft_seconds + tree_seconds + accept_seconds)
     stats.total_time = time.perf_counter() - start
 
     if streamer is not None:
@@ -238,18 +279,25 @@ def choose_token(scores: torch.Tensor, do_sample: bool) -> int:
     return int(scores.argmax())
 
 
-def adaptive_budget(draft: DartDraftModel, target: PreTrainedModel, max_budget: int) -> AdaptiveBudget:
+def adaptive_budget(
+    draft: DartDraftModel, target: PreTrainedModel, max_budget: int, max_chain: int = 0
+) -> AdaptiveBudget:
     """The budget controller for one `generate` call: the target's forward costs (calibrated once per model and
-    machine, then memoised on the draft) and the draft's acceptance history, shared across calls."""
+    machine for trees up to `max_budget` or `max_chain` lookup tokens, then memoised on the draft) and the draft's
+    acceptance and lookup evidence, shared across calls."""
     key = calibration_key(target)
     memo = getattr(draft, "_dart_forward_costs", None) or {}
-    if key not in memo or memo[key].node_counts[-1] < max_budget + 1:
-        memo[key] = calibrate_forward_costs(target, list(draft.config.feature_layers), max_budget + 1)
+    max_nodes = max(max_budget, max_chain) + 1
+    if key not in memo or memo[key].node_counts[-1] < max_nodes:
+        memo[key] = calibrate_forward_costs(target, list(draft.config.feature_layers), max_nodes)
         draft._dart_forward_costs = memo
     history = getattr(draft, "_dart_acceptance_history", None)
     if history is None:
         history = draft._dart_acceptance_history = deque(maxlen=64)  # recent steps: acceptance varies by text
-    return AdaptiveBudget(memo[key], max_budget, history)
+    lookup = getattr(draft, "_dart_lookup_evidence", None)
+    if lookup is None:
+        lookup = draft._dart_lookup_evidence = LookupEvidence()
+    return AdaptiveBudget(memo[key], max_budget, history, lookup=lookup)
 
 
 def build_tree_policy(draft: DartDraftModel, eos_token_id: int | list[int] | None = None, **options) -> TreePolicy:
@@ -260,7 +308,7 @@ def build_tree_policy(draft: DartDraftModel, eos_token_id: int | list[int] | Non
     use_ngram = options.pop("use_ngram", True)  # False: search without the draft's N-gram table
     unknown = set(options) - set(fields)
     if unknown:
-        valid = list(fields) + ["use_ngram", "adaptive"]
+        valid = list(fields) + ["use_ngram", "adaptive", "lookup_length", "lookup_max_match"]
         raise ValueError(f"Unknown tree option(s) {sorted(unknown)}; valid options: {valid}.")
     settings = {name: options.get(name, getattr(draft.config, f"tree_{name}")) for name in fields}
     policy = settings.pop("policy")

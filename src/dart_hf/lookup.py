@@ -1,0 +1,69 @@
+"""Context lookup: continuations copied from earlier in the sequence, scored for free against what gets committed.
+
+Text often repeats itself (code that reuses the prompt's names, a summary quoting its article, a list that repeats
+its pattern). Like Transformers' prompt-lookup decoding, `find_continuation` finds the latest earlier occurrence
+of the sequence's last few tokens and proposes the tokens that followed it; the target verifies that chain like
+any tree, so it is lossless.
+
+Unlike a drafted tree, a lookup costs nothing to propose, so whether it would have been accepted can be measured
+on every step without verifying it: `LookupTracker` remembers each step's proposal and, once the following tokens
+are committed (by whatever kind of step), records how many of its leading tokens they matched. Under greedy
+decoding that is exactly the count verification would have accepted; under sampling, a proposed token is
+committed with the target's probability of it either way. `dart_hf.budget` turns those counts into the choice of
+verifying a lookup chain (and how long) or not.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+
+def find_continuation(context: np.ndarray, max_match: int, length: int) -> tuple[int, np.ndarray]:
+    """The tokens that followed the latest earlier occurrence of the context's last n tokens, for the largest
+    n <= `max_match` that occurs earlier.
+
+    context: `[S]` token ids (the last one is the step's root). Returns (n, up to `length` continuation tokens),
+    or (0, empty) when not even the last token occurs earlier.
+    """
+    size = context.shape[0]
+    for match in range(min(max_match, size - 1), 0, -1):
+        suffix = context[size - match :]
+        windows = sliding_window_view(context[: size - 1], match)  # [S - match, match]: every start with a follower
+        hits = np.flatnonzero((windows == suffix).all(axis=1))
+        if hits.size:
+            start = int(hits[-1]) + match
+            return match, context[start : start + length]
+    return 0, context[:0]
+
+
+class LookupTracker:
+    """Scores proposals against the tokens committed after them.
+
+    `propose(context, match, chain)` is called once per step before it runs (context `[S]`, chain: the proposed next
+    tokens); `resolve(context)` after tokens are committed returns `(match, matched)` for every proposal now decided:
+    `matched` is the number of leading chain tokens the committed text equals (a mismatch or the whole chain seen).
+    """
+
+    def __init__(self):
+        self.pending: deque[tuple[int, int, np.ndarray]] = deque()  # (position of the chain's first token, n, chain)
+
+    def propose(self, context: np.ndarray, match: int, chain: np.ndarray) -> None:
+        if chain.size:
+            self.pending.append((context.shape[0], match, chain))
+
+    def resolve(self, context: np.ndarray) -> list[tuple[int, int]]:
+        decided, still_pending = [], deque()
+        for position, match, chain in self.pending:
+            seen = context[position : position + chain.size]
+            differs = np.flatnonzero(seen != chain[: seen.size])
+            if differs.size:
+                decided.append((match, int(differs[0])))
+            elif seen.size == chain.size:
+                decided.append((match, int(chain.size)))
+            else:
+                still_pending.append((position, match, chain))
+        self.pending = still_pending
+        return decided
