@@ -34,6 +34,11 @@ def test_chain_with_an_oracle_draft_accepts_exactly_the_correct_levels(correct_l
     assert torch.equal(got, expected)
     lengths = draft.stats.accepted_lengths
     assert lengths[:-1] == [correct_levels + 1] * (len(lengths) - 1) and lengths[-1] <= correct_levels + 1
+    # the tree path's decoding options are accepted and ignored by the chain path
+    tree_path_options = {"adaptive": True, "lookup_length": 0, "lookup_max_match": 2}
+    got = target.generate(prompt, max_new_tokens=48, do_sample=False, assistant_model=draft, dart_chain=True,
+                          tree_options=tree_path_options)
+    assert torch.equal(got, expected) and draft.stats.accepted_lengths == lengths
 
 
 def test_chain_sampling_matches_the_exact_target_distribution():

@@ -341,7 +341,8 @@ def install_generate_router(target: PreTrainedModel) -> None:
             from .candidates import dart_candidate_generator
 
             tree_options = dict(kwargs.pop("tree_options", None) or {})
-            tree_options.pop("adaptive", None)
+            for decoding_option in ("adaptive", "lookup_length", "lookup_max_match"):  # the tree path's, not a chain's
+                tree_options.pop(decoding_option, None)
             generation_config = kwargs.get("generation_config") or target.generation_config
             eos = kwargs.get("eos_token_id", generation_config.eos_token_id)
             policy = build_tree_policy(assistant_model, eos_token_id=eos, **tree_options)

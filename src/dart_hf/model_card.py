@@ -54,6 +54,8 @@ def draft_model_card(
     tree = (
         f"{config.tree_policy} policy, up to {config.tree_budget} nodes, top-{config.tree_top_k} per level"
         + (", budget adapted to the measured costs" if config.tree_adaptive else "")
+        + (f", context lookup of up to {config.tree_lookup_length} tokens when it pays"
+           if config.tree_adaptive and config.tree_lookup_length else "")
     )
     return ModelCard.from_template(
         card_data,
