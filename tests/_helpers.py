@@ -13,9 +13,11 @@ from transformers import (
 )
 
 from dart_hf import DartDraftModel
+from dart_hf.budget import ForwardCosts, calibration_key
 from dart_hf.modeling_dart import DartDraftOutput
 
 VOCAB_SIZE = 128
+FLAT_COSTS = ForwardCosts([1, 65], [0.010, 0.011])  # a tree costs about what one token does (a GPU's shape)
 CONFIG_CLASSES = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config, "mistral": MistralConfig}
 
 
@@ -86,3 +88,8 @@ class OracleDraft(DartDraftModel):
             token = self.reference[position] if position < len(self.reference) else 0
             logits[0, level, token] = 50.0 if level < self.correct_levels else -50.0
         return DartDraftOutput(logits=logits, cache=output.cache)
+
+
+def force_costs(draft: DartDraftModel, target: PreTrainedModel, costs: ForwardCosts) -> None:
+    """Give the draft these forward costs for `target` instead of a timed calibration."""
+    draft._dart_forward_costs = {calibration_key(target): costs}

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from _helpers import OracleDraft, prompts, tiny_target
+from _helpers import FLAT_COSTS as FLAT, OracleDraft, force_costs, prompts, tiny_target
 from dart_hf import DartDraftModel
 from dart_hf import budget as budget_module
 from dart_hf.budget import (
@@ -19,7 +19,6 @@ from dart_hf.budget import (
 )
 from dart_hf.tree import BeamSearchTreePolicy, TopKTreePolicy
 
-FLAT = ForwardCosts([1, 65], [0.010, 0.011])
 STEEP = ForwardCosts([1, 65], [0.010, 0.650])  # 10 ms per node: drafting never pays unless tau is huge
 
 
@@ -176,10 +175,6 @@ def test_calibration_measures_once_and_is_cached_on_disk(tmp_path, monkeypatch):
     monkeypatch.setattr(budget_module, "forward_tree", no_forward)
     again = calibrate_forward_costs(target, [2, 3, 4], max_nodes=17, context_length=16, repeats=1)
     assert again == costs
-
-
-def force_costs(draft, target, costs):
-    draft._dart_forward_costs = {calibration_key(target): costs}
 
 
 def test_plain_fallback_is_lossless_greedy_and_engages():

@@ -291,11 +291,11 @@ def test_sampling_options_run_and_commit_only_allowed_tokens():
 
 
 def test_context_lookup_engages_on_repeating_text_and_is_lossless():
-    from dart_hf.budget import ForwardCosts, calibration_key
+    from _helpers import FLAT_COSTS, force_costs
 
     target = tiny_target("llama", seed=8)  # random models fall into loops: their text repeats itself
     draft = DartDraftModel.from_target(target)  # untrained: its trees are almost never accepted
-    draft._dart_forward_costs = {calibration_key(target): ForwardCosts([1, 65], [0.010, 0.011])}  # flat costs
+    force_costs(draft, target, FLAT_COSTS)
     lookup_steps, longest = 0, 0
     for prompt in prompts(3, seed=9):
         expected = vanilla(target, prompt)

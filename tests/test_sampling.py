@@ -164,13 +164,14 @@ def test_same_seed_same_output(target_and_draft):
 
 @pytest.mark.parametrize("rule", ["exact", "biased"])
 def test_lookup_chains_sample_the_exact_target_distribution(target_and_draft, monkeypatch, rule):
-    from dart_hf.budget import ForwardCosts, LookupEvidence, calibration_key
+    from _helpers import FLAT_COSTS, force_costs
+    from dart_hf.budget import LookupEvidence
 
     target, _ = target_and_draft
     draft = DartDraftModel.from_target(target, feature_layers=[1, 2, 3])
     kwargs, processors = SETTINGS["temperature"]
     prompt = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7, 1, 5, 2]])  # every token occurs: every step finds a match
-    draft._dart_forward_costs = {calibration_key(target): ForwardCosts([1, 65], [0.010, 0.011])}
+    force_costs(draft, target, FLAT_COSTS)
     evidence = draft._dart_lookup_evidence = LookupEvidence(window=10**6)
     for match in (1, 2, 3):  # overwhelming evidence that continuations hold: every match is verified as a chain
         for _ in range(10**4):

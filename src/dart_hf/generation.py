@@ -35,6 +35,9 @@ from .modeling_dart import DartDraftModel
 from .tree import BeamSearchTreePolicy, Tree, TopKTreePolicy, TreePolicy
 from .verify import accept, compact_cache, forward_tree
 
+# `tree_options` that steer the decode loop rather than the tree policy (the chain path has no use for them)
+DECODING_OPTIONS = ("adaptive", "lookup_length", "lookup_max_match")
+
 
 @dataclass
 class DartStats:
@@ -207,7 +210,7 @@ def dart_generate(
                 controller.lookup.record(match, matched)
             match, continuation = find_continuation(context, lookup_max_match, lookup_length)
             lookups.propose(context, match, continuation)
-            length = controller.lookup_length(match, continuation.size) if match else 0
+            length = controller.lookup_length(match, continuation.size)
             if length:  # verify the continuation's first `length` tokens as a chain, without drafting
                 tick = time.perf_counter()
                 chain = [int(context[-1])] + continuation[:length].tolist()
@@ -308,7 +311,7 @@ def build_tree_policy(draft: DartDraftModel, eos_token_id: int | list[int] | Non
     use_ngram = options.pop("use_ngram", True)  # False: search without the draft's N-gram table
     unknown = set(options) - set(fields)
     if unknown:
-        valid = list(fields) + ["use_ngram", "adaptive", "lookup_length", "lookup_max_match"]
+        valid = [*fields, "use_ngram", *DECODING_OPTIONS]
         raise ValueError(f"Unknown tree option(s) {sorted(unknown)}; valid options: {valid}.")
     settings = {name: options.get(name, getattr(draft.config, f"tree_{name}")) for name in fields}
     policy = settings.pop("policy")
@@ -341,8 +344,8 @@ def install_generate_router(target: PreTrainedModel) -> None:
             from .candidates import dart_candidate_generator
 
             tree_options = dict(kwargs.pop("tree_options", None) or {})
-            for decoding_option in ("adaptive", "lookup_length", "lookup_max_match"):  # the tree path's, not a chain's
-                tree_options.pop(decoding_option, None)
+            for option in DECODING_OPTIONS:
+                tree_options.pop(option, None)
             generation_config = kwargs.get("generation_config") or target.generation_config
             eos = kwargs.get("eos_token_id", generation_config.eos_token_id)
             policy = build_tree_policy(assistant_model, eos_token_id=eos, **tree_options)
