@@ -12,6 +12,7 @@ from dart_hf import budget as budget_module
 from dart_hf.budget import (
     AdaptiveBudget,
     ForwardCosts,
+    ForwardTimings,
     LookupEvidence,
     StepRecord,
     calibrate_forward_costs,
@@ -45,7 +46,8 @@ def test_flat_costs_and_deep_acceptance_pick_a_large_budget():
 
 
 def test_steep_costs_and_poor_acceptance_fall_back_to_plain_decoding_and_probe():
-    controller = AdaptiveBudget(STEEP, 60, history_of([(60, [])] * 8), probe_interval=4)
+    # a probe loses 10 ms (one token for 20 ms against 10 ms plain); at a 30% share that is one per 3.3 plain steps
+    controller = AdaptiveBudget(STEEP, 60, history_of([(60, [])] * 8), probe_share=0.3)
     decisions = []
     for _ in range(6):
         choice = controller.next_budget()
@@ -56,30 +58,42 @@ def test_steep_costs_and_poor_acceptance_fall_back_to_plain_decoding_and_probe()
     assert controller.best()[0] == 1  # the cheapest tree, still slower than plain decoding
 
 
-def test_probes_back_off_while_drafting_loses_and_reset_when_it_pays():
-    moderate = ForwardCosts([1, 65], [0.010, 0.074])  # 1 ms per node: pays only when drafted tokens are accepted
-    controller = AdaptiveBudget(moderate, 60, history_of([(60, [])] * 8), probe_interval=4, max_probe_interval=16)
+def test_probes_wait_in_proportion_to_their_expected_loss():
+    nothing_accepted = [(60, [])] * 8
+    nearly = ForwardCosts([1, 65], [0.010, 0.074])  # 1 ms per node: a probe loses 1 ms
+    assert AdaptiveBudget(nearly, 60, history_of(nothing_accepted)).probe_wait() == 4  # 1 / (3% of 10 ms)
+    assert AdaptiveBudget(STEEP, 60, history_of(nothing_accepted)).probe_wait() == 34  # 10 / 0.3
+    hopeless = ForwardCosts([1, 65], [0.010, 6.410])  # 100 ms per node
+    assert AdaptiveBudget(hopeless, 60, history_of(nothing_accepted)).probe_wait() == 128  # the cap
+
+    controller = AdaptiveBudget(nearly, 60, history_of(nothing_accepted))
     tree = TopKTreePolicy(budget=4)(torch.randn(2, 10), torch.tensor([0]), lambda ids: ids)
-
-    def plain_steps_before_probe():
-        count = 0
-        while (choice := controller.next_budget()) == 0:
-            controller.record_plain_step()
-            count += 1
-        return count, choice
-
-    gaps = []
     for _ in range(4):
-        count, choice = plain_steps_before_probe()
-        gaps.append(count)
-        controller.record_step(tree, [0], choice, 0.0)  # the probe accepted nothing
-    assert gaps == [4, 8, 16, 16]
-    plain_steps_before_probe()
-    for _ in range(40):  # now every probe-sized tree accepts its whole chain: drafting pays again
-        controller.record_step(tree, [0, 1, 2], 4, 0.0)
-    controller.probing = True
-    controller.record_step(tree, [0, 1, 2], 4, 0.0)
-    assert controller.probe_interval == 4 and controller.next_budget() > 0
+        controller.record_step(tree, [0, 1], 4, 0.0)  # the text changed: drafted tokens are accepted
+    controller.plain_run = 0
+    assert controller.next_budget() > 0  # drafting pays again: no plain steps in between
+
+
+def test_measured_forward_timings_scale_the_calibrated_costs():
+    accepted = history_of([(8, [1])] * 8)  # tau 2 at every budget >= 1
+    calibrated = AdaptiveBudget(FLAT, 8, accepted, timings=ForwardTimings())
+    assert calibrated.next_budget() > 0
+    # verify forwards measured at 2.2x their calibrated cost and plain ones at 1x: one token for 1.1 forwards loses
+    slow_trees = ForwardTimings(plain=deque([1.0] * 4), verify=deque([2.2] * 4))
+    assert AdaptiveBudget(FLAT, 8, accepted, timings=slow_trees).next_budget() == 0
+    # scaled alike, the comparison is the calibrated one
+    both = ForwardTimings(plain=deque([2.2] * 4), verify=deque([2.2] * 4))
+    assert AdaptiveBudget(FLAT, 8, accepted, timings=both).next_budget() > 0
+    # timings are recorded as multiples of the calibrated cost; window 0 records nothing
+    controller = AdaptiveBudget(STEEP, 8, deque(), timings=ForwardTimings())
+    controller.record_plain_step(forward_seconds=0.015)
+    controller.record_lookup_step(0.0, nodes=3, forward_seconds=0.060)
+    assert list(controller.timings.plain) == [pytest.approx(1.5)] and list(controller.timings.verify) == [
+        pytest.approx(2.0)
+    ]
+    frozen = AdaptiveBudget(STEEP, 8, deque(), timings=ForwardTimings(window=0))
+    frozen.record_plain_step(forward_seconds=0.015)
+    assert not frozen.timings.plain and frozen.timings.scale("plain") == 1.0
 
 
 def test_measured_overhead_travels_with_the_shared_history():
@@ -186,8 +200,9 @@ def test_plain_fallback_is_lossless_greedy_and_engages():
         got = target.generate(prompt, max_new_tokens=48, do_sample=False, assistant_model=draft)
         assert torch.equal(got, expected)
     stats = draft.stats
-    # one probe after 16 plain tokens; it finds drafting still losing, so the next would wait 32 more (past the end)
-    assert stats.verify_steps == 1 and stats.plain_steps == 46
+    # a probe loses at least 10 ms against 10 ms per plain token: 34 or more plain steps (more as the measured
+    # overhead adds to the loss) before each probe, so at most one of the 47 steps
+    assert stats.verify_steps <= 1 and stats.plain_steps >= 46
     assert stats.plain_steps + sum(stats.accepted_lengths) == 47  # the first token comes from the prefill
 
 

@@ -67,7 +67,7 @@ def test_custom_generate_entry_point_matches_assistant_model():
 def test_tree_options_per_call_and_stats_times():
     target = tiny_target("llama")
     draft = DartDraftModel.from_target(target)
-    draft.config.tree_lookup_length = 0  # a random model's text repeats itself: lookup chains would replace trees
+    draft.config.tree_adaptive = False  # every step a tree of the given budget, never a plain or lookup step
     prompt = prompts(1, seed=5)[0]
     expected = vanilla(target, prompt)
     for budget, top_k in [(1, 1), (8, 2), (120, 40)]:
@@ -234,7 +234,7 @@ def test_ngram_pruned_trees_are_lossless(arch, policy):
         assert torch.equal(got, expected)
     got = target.generate(
         prompt, max_new_tokens=NEW_TOKENS, assistant_model=draft,
-        tree_options={"budget": 20, "ngram_at_root": True, "full_softmax": True, "ngram_weight": 1.0},
+        tree_options={"budget": 20, "ngram_at_root": True, "full_softmax": True, "ngram_weight": 1.0, "adaptive": False},
     )
     assert torch.equal(got, expected) and max(draft.stats.tree_sizes) <= 21
     got = target.generate(prompt, max_new_tokens=NEW_TOKENS, assistant_model=draft, tree_options={"use_ngram": False})

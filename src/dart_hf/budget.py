@@ -8,11 +8,15 @@ budget m. Plain decoding commits one token per f(1). So:
   on a GPU f is nearly flat, on this project's 2-core CPU a 60-node tree costs over 2.5x one token.
 - tau(m) is estimated from the steps already verified. A policy's tree of budget m is its m best nodes (the
   `Tree.ranks` <= m), so one step verified with budget b tells what every budget m <= b would have accepted.
+- f is the fastest of several runs at a 128-token context; during generation the context is longer and the
+  machine busier, and not by the same factor for one token as for a tree. `ForwardTimings` keeps recent forwards'
+  measured seconds as multiples of f, per kind of step, and decisions scale f by their medians.
 - `AdaptiveBudget` picks the m with the lowest cost per token, (o + f(m + 1)) / tau(m); when even that loses to
-  f(1), it decodes plainly and probes with a tree after `probe_interval` plain tokens to notice when drafting
-  pays again (the interval doubles after each probe that finds drafting still losing, up to
-  `max_probe_interval`, and drops back once it pays). Every `explore_every` steps it tries twice the chosen
-  budget, which is how larger budgets get evidence.
+  f(1), it decodes plainly and probes with a tree now and then to notice when drafting pays again. A probe costs
+  its expected loss, tau(m) times the gap per token, so it waits for as many plain steps as keep probes' losses
+  under `probe_share` of the plain decoding time: a tree that nearly pays is probed every few steps (so the
+  evidence follows a change of text quickly), one that loses badly rarely. Every `explore_every` steps it tries
+  twice the chosen budget, which is how larger budgets get evidence.
 - Context lookup (`dart_hf.lookup`) chains are scored on every step for free, so `lookup_length` needs no probes:
   it verifies the chain prefix of length k with the lowest (o_lookup + f(k + 1)) / tau_lookup(k) when that beats
   both plain decoding and the drafted tree; tau_lookup is measured per match length n (a continuation found
@@ -22,6 +26,7 @@ budget m. Plain decoding commits one token per f(1). So:
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections import deque
@@ -152,29 +157,54 @@ class LookupEvidence:
         self.matched.setdefault(match, deque(maxlen=self.window)).append(matched)
 
 
+@dataclass
+class ForwardTimings:
+    """Recent target forwards' measured seconds as multiples of their calibrated cost, for plain steps and for
+    verify steps (trees and lookup chains), shared across `generate` calls like the step history. `scale` is the
+    median of the last `window` (1.0 until `min_evidence` are in; a kind without its own uses the other's);
+    window=0 keeps the calibrated costs as they are."""
+
+    window: int = 32
+    min_evidence: int = 4
+    plain: deque = field(default=None)
+    verify: deque = field(default=None)
+
+    def __post_init__(self):
+        self.plain = deque(maxlen=self.window) if self.plain is None else self.plain
+        self.verify = deque(maxlen=self.window) if self.verify is None else self.verify
+
+    def scale(self, kind: str) -> float:
+        """The factor for f in a step of `kind` ("plain" or "verify")."""
+        own, other = (self.plain, self.verify) if kind == "plain" else (self.verify, self.plain)
+        for ratios in (own, other):
+            if len(ratios) >= self.min_evidence:
+                return float(np.median(ratios))
+        return 1.0
+
+
 class AdaptiveBudget:
     """Per-step choice of the tree budget (0 = one plain decoding step), from `ForwardCosts` and the acceptance
     `history` (a deque of `StepRecord`, shared across `generate` calls so later calls start informed, the
-    measured overhead of a tree step included)."""
+    measured overhead of a tree step included), the `lookup` evidence and the `timings` of recent forwards."""
 
     def __init__(
         self,
         costs: ForwardCosts,
         max_budget: int,
         history: deque,
-        probe_interval: int = 16,
+        probe_share: float = 0.03,
         max_probe_interval: int = 128,
         explore_every: int = 16,
         min_evidence: int = 4,
         overhead_window: int = 16,
         lookup: LookupEvidence | None = None,
+        timings: ForwardTimings | None = None,
     ):
         self.costs = costs
         self.max_budget = max_budget
         self.history = history
-        self.probe_interval = self.base_probe = probe_interval
+        self.probe_share = probe_share
         self.max_probe_interval = max_probe_interval
-        self.probing = False
         self.explore_every = explore_every
         self.min_evidence = min_evidence
         self.overhead_window = overhead_window  # the overhead is the mean of this many recent steps'
@@ -183,6 +213,15 @@ class AdaptiveBudget:
         self.steps = 0
         self.budgets = [b for b in CANDIDATE_BUDGETS if b < max_budget] + [max_budget]
         self.lookup = lookup if lookup is not None else LookupEvidence()
+        self.timings = timings if timings is not None else ForwardTimings()
+
+    def plain_cost(self) -> float:
+        """Expected seconds of one plain decoding step's forward."""
+        return self.costs(1) * self.timings.scale("plain")
+
+    def verify_cost(self, nodes: int) -> float:
+        """Expected seconds of one verify forward over `nodes` nodes (root included)."""
+        return self.costs(nodes) * self.timings.scale("verify")
 
     def estimate(self) -> dict[int, tuple[float, float]]:
         """{budget m: (estimated tau(m), estimated seconds per committed token)} for the budgets with evidence."""
@@ -200,28 +239,35 @@ class AdaptiveBudget:
             if has_evidence.sum() < self.min_evidence:
                 continue
             tau = 1.0 + float((ranks[has_evidence] <= budget).sum(axis=1).mean())
-            estimates[budget] = (tau, (overhead + self.costs(budget + 1)) / tau)
+            estimates[budget] = (tau, (overhead + self.verify_cost(budget + 1)) / tau)
         return estimates
 
-    def best(self) -> tuple[int | None, float]:
-        """The budget with the lowest estimated seconds per token (None without evidence) and that cost; kept until
-        the next verified step, since plain steps change neither the history nor the overhead."""
+    def best(self) -> tuple[int | None, float, float]:
+        """The budget with the lowest estimated seconds per token (None without evidence), that cost and its tau;
+        kept until the next verified step, since plain steps change neither the history nor the overhead."""
         if self._best is None:
             estimates = self.estimate()
             if not estimates:
-                return None, float("inf")
+                return None, float("inf"), 1.0
             budget = min(estimates, key=lambda m: estimates[m][1])
-            self._best = budget, estimates[budget][1]
+            self._best = budget, estimates[budget][1], estimates[budget][0]
         return self._best
+
+    def probe_wait(self) -> int:
+        """Plain steps between probes while drafting loses: a probe's expected loss over plain decoding (tau times
+        the gap per token) spread so that probes cost at most `probe_share` of the plain decoding time."""
+        _, seconds_per_token, tau = self.best()
+        plain = self.plain_cost()
+        loss = tau * (seconds_per_token - plain)
+        return min(math.ceil(loss / (self.probe_share * plain)), self.max_probe_interval)
 
     def next_budget(self) -> int:
         """The budget for the next step; 0 means a plain decoding step."""
-        budget, seconds_per_token = self.best()
+        budget, seconds_per_token, _ = self.best()
         if budget is None:
             return self.max_budget  # no evidence yet: gather it with the full tree
-        if seconds_per_token >= self.costs(1):  # drafting loses to plain decoding
-            if self.plain_run >= self.probe_interval:
-                self.probing = True
+        if seconds_per_token >= self.plain_cost():  # drafting loses to plain decoding
+            if self.plain_run >= self.probe_wait():
                 return budget  # a probe: does drafting pay again? (its record resets the plain run)
             return 0
         self.steps += 1
@@ -239,29 +285,36 @@ class AdaptiveBudget:
         lengths = np.arange(1, available + 1)  # [K]
         taus = 1.0 + np.minimum(np.array(outcomes)[:, None], lengths).mean(axis=0)  # [K]
         overhead = float(np.mean(self.lookup.overheads)) if self.lookup.overheads else 0.0
-        seconds_per_token = (overhead + np.array([self.costs(k + 1) for k in lengths])) / taus
+        seconds_per_token = (overhead + np.array([self.verify_cost(k + 1) for k in lengths])) / taus
         best = int(seconds_per_token.argmin())
-        alternative = min(self.costs(1), self.best()[1])
+        alternative = min(self.plain_cost(), self.best()[1])
         return int(lengths[best]) if seconds_per_token[best] < alternative else 0
 
-    def record_lookup_step(self, overhead_seconds: float) -> None:
-        """After a verified lookup chain: its seconds outside the target's forward."""
+    def record_lookup_step(self, overhead_seconds: float, nodes: int = 0, forward_seconds: float | None = None) -> None:
+        """After a verified lookup chain: its seconds outside the target's forward, and its forward's seconds over
+        `nodes` nodes (root included)."""
         self.lookup.overheads.append(overhead_seconds)
+        self._record_forward("verify", nodes, forward_seconds)
+        self._best = None  # the verify forwards' scale moved
 
-    def record_step(self, tree: Tree, path: list[int], budget: int, overhead_seconds: float) -> None:
-        """After a verified step: the tree, its accepted node path (root first), the budget it was built with and
-        the seconds the step spent outside the target's forward (draft, tree search, acceptance, compaction)."""
+    def record_step(
+        self, tree: Tree, path: list[int], budget: int, overhead_seconds: float, forward_seconds: float | None = None
+    ) -> None:
+        """After a verified step: the tree, its accepted node path (root first), the budget it was built with, the
+        seconds the step spent outside the target's forward (draft, tree search, acceptance, compaction) and in
+        it."""
         ranks = tree.ranks if tree.ranks is not None else torch.arange(len(tree))
         path_ranks = np.maximum.accumulate(ranks[path[1:]].numpy()) if len(path) > 1 else np.zeros(0, np.int64)
         self.history.append(StepRecord(budget, path_ranks, overhead_seconds))
+        self._record_forward("verify", len(tree), forward_seconds)
         self._best = None
         self.plain_run = 0
-        if self.probing:  # a probe that finds drafting still losing waits twice as long for the next one
-            self.probing = False
-            _, seconds_per_token = self.best()
-            losing = seconds_per_token >= self.costs(1)
-            self.probe_interval = min(2 * self.probe_interval, self.max_probe_interval) if losing else self.base_probe
 
-    def record_plain_step(self) -> None:
-        """After a plain decoding step (counts towards the next probe)."""
+    def record_plain_step(self, forward_seconds: float | None = None) -> None:
+        """After a plain decoding step (counts towards the next probe), with its forward's seconds."""
+        self._record_forward("plain", 1, forward_seconds)
         self.plain_run += 1
+
+    def _record_forward(self, kind: str, nodes: int, seconds: float | None) -> None:
+        if seconds is not None and nodes > 0 and self.timings.window > 0:
+            (self.timings.plain if kind == "plain" else self.timings.verify).append(seconds / self.costs(nodes))

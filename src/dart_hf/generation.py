@@ -28,7 +28,7 @@ from transformers import (
 from transformers.cache_utils import DynamicSlidingWindowLayer
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from .budget import AdaptiveBudget, LookupEvidence, calibrate_forward_costs, calibration_key
+from .budget import AdaptiveBudget, ForwardTimings, LookupEvidence, calibrate_forward_costs, calibration_key
 from .features import forward_with_features
 from .lookup import LookupTracker, find_continuation
 from .modeling_dart import DartDraftModel
@@ -164,19 +164,22 @@ def dart_generate(
     # only the last position's logits are used: skip the output layer elsewhere (a prompt's worth at prefill)
     last_logits_only = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
 
-    def plain_step(new_ids: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    def plain_step(new_ids: torch.Tensor) -> tuple[torch.Tensor, bool, float]:
         """One ordinary decoding step over `new_ids` `[1, T]` (the prompt at prefill, else the last token): commit
-        the next token; return the features of those T positions `[1, T, 3H]` and whether generation stops."""
+        the next token; return the features of those T positions `[1, T, 3H]`, whether generation stops and the
+        seconds of the forward."""
+        tick = time.perf_counter()
         outputs, step_features = forward_with_features(
             model, feature_layers, input_ids=new_ids, cache=cache, use_cache=True, **last_logits_only
         )
         token_logits = outputs.logits[:, -1].to(dtype=torch.float32, copy=True)
+        forward_seconds = time.perf_counter() - tick
         token_scores = logits_processor(input_ids, token_logits)
         token = choose_token(token_scores[0], generation_config.do_sample)
-        return step_features, commit(token, token_scores, token_logits)
+        return step_features, commit(token, token_scores, token_logits), forward_seconds
 
     start = time.perf_counter()
-    prompt_features, stopped = plain_step(input_ids)
+    prompt_features, stopped, _ = plain_step(input_ids)
     waiting = [prompt_features]  # features `[1, T_i, 3H]` the draft has not read yet, joined only when it runs
     stats.prefill_time = time.perf_counter() - start
 
@@ -184,11 +187,12 @@ def dart_generate(
     lookups = LookupTracker() if lookup_length else None
     draft_cache = DynamicCache()
 
-    def verify(tree: Tree) -> tuple[list[int], float]:
+    def verify(tree: Tree) -> tuple[list[int], float, float]:
         """One target forward over `tree`; keep the accepted path's cache rows and commit its tokens. Returns the
-        accepted path and the seconds spent after the forward (acceptance, cache compaction)."""
+        accepted path, the seconds of the forward and the seconds spent after it (acceptance, cache compaction)."""
         nonlocal stopped
         past_len = cache.get_seq_length()
+        tick = time.perf_counter()
         tree_logits, tree_features = forward_tree(model, tree, cache, feature_layers)
         forward_done = time.perf_counter()
         acceptance = accept(tree, tree_logits, input_ids, logits_processor, generation_config.do_sample)
@@ -201,7 +205,7 @@ def dart_generate(
             stopped = commit(token, token_scores, token_logits)
             if stopped:
                 break
-        return acceptance.path, accept_seconds
+        return acceptance.path, forward_done - tick, accept_seconds
 
     while not stopped:
         if lookups is not None:  # score earlier continuations on what was committed since, then look up this one
@@ -214,20 +218,20 @@ def dart_generate(
             if length:  # verify the continuation's first `length` tokens as a chain, without drafting
                 tick = time.perf_counter()
                 chain = [int(context[-1])] + continuation[:length].tolist()
-                _, accept_seconds = verify(Tree.from_parents(chain, list(range(-1, length))))
+                _, forward_seconds, accept_seconds = verify(Tree.from_parents(chain, list(range(-1, length))))
                 stats.lookup_steps += 1
                 stats.lookup_time += time.perf_counter() - tick
-                controller.record_lookup_step(accept_seconds)
+                controller.record_lookup_step(accept_seconds, length + 1, forward_seconds)
                 continue
 
         budget = controller.next_budget() if controller is not None else max_budget
         if budget == 0:  # plain decoding step; its features wait for the draft's next step
             tick = time.perf_counter()
-            step_features, stopped = plain_step(input_ids[:, -1:])
+            step_features, stopped, forward_seconds = plain_step(input_ids[:, -1:])
             waiting.append(step_features)
             stats.plain_steps += 1
             stats.plain_time += time.perf_counter() - tick
-            controller.record_plain_step()
+            controller.record_plain_step(forward_seconds)
             continue
 
         # draft: rows for the positions the target processed since the last draft step, each with the token that
@@ -254,12 +258,12 @@ def dart_generate(
         stats.tree_time += tree_seconds
 
         tick = time.perf_counter()
-        path, accept_seconds = verify(tree)
+        path, forward_seconds, accept_seconds = verify(tree)
         stats.verify_time += time.perf_counter() - tick
         stats.tree_sizes.append(len(tree))
         stats.budgets.append(budget)
         if controller is not None:
-            controller.record_step(tree, path, budget, draft_seconds + tree_seconds + accept_seconds)
+            controller.record_step(tree, path, budget, draft_seconds + tree_seconds + accept_seconds, forward_seconds)
     stats.total_time = time.perf_counter() - start
 
     if streamer is not None:
@@ -287,7 +291,7 @@ def adaptive_budget(
 ) -> AdaptiveBudget:
     """The budget controller for one `generate` call: the target's forward costs (calibrated once per model and
     machine for trees up to `max_budget` or `max_chain` lookup tokens, then memoised on the draft) and the draft's
-    acceptance and lookup evidence, shared across calls."""
+    acceptance and lookup evidence and recent forward timings, shared across calls."""
     key = calibration_key(target)
     memo = getattr(draft, "_dart_forward_costs", None) or {}
     max_nodes = max(max_budget, max_chain) + 1
@@ -300,7 +304,10 @@ def adaptive_budget(
     lookup = getattr(draft, "_dart_lookup_evidence", None)
     if lookup is None:
         lookup = draft._dart_lookup_evidence = LookupEvidence()
-    return AdaptiveBudget(memo[key], max_budget, history, lookup=lookup)
+    timings = getattr(draft, "_dart_forward_timings", None)
+    if timings is None:
+        timings = draft._dart_forward_timings = ForwardTimings()
+    return AdaptiveBudget(memo[key], max_budget, history, lookup=lookup, timings=timings)
 
 
 def build_tree_policy(draft: DartDraftModel, eos_token_id: int | list[int] | None = None, **options) -> TreePolicy:
