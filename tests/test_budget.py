@@ -107,7 +107,7 @@ def test_measured_overhead_travels_with_the_shared_history():
 
 
 def lookup_evidence(matched_by_match: dict[int, list[int]]) -> LookupEvidence:
-    evidence = LookupEvidence()
+    evidence = LookupEvidence(half_life=float("inf"))  # every outcome counts fully
     for match, outcomes in matched_by_match.items():
         for matched in outcomes:
             evidence.record(match, matched)
@@ -135,6 +135,26 @@ def test_lookup_length_follows_costs_and_matches():
     half = lookup_evidence({2: [2, 0] * 4})
     moderate = ForwardCosts([1, 65], [0.010, 0.074])  # 1 ms per node
     assert AdaptiveBudget(moderate, 60, deque(), lookup=half).lookup_length(2, 10) == 2
+
+
+def test_lookup_evidence_fades_after_a_change_of_text():
+    fading, lasting = LookupEvidence(half_life=8), LookupEvidence(half_life=float("inf"))
+    for evidence in (fading, lasting):
+        for _ in range(16):
+            evidence.record(3, 10)  # code: three-token repeats hold for long
+    _, weights = fading.outcomes(3)
+    assert weights[-1] == 1.0 and weights[-9] == pytest.approx(0.5)
+    assert AdaptiveBudget(FLAT, 60, deque(), lookup=fading).lookup_length(3, 10) == 10
+    for evidence in (fading, lasting):
+        for _ in range(40):
+            evidence.record(1, 0)  # prose: one-token matches that fail; three-token repeats turn rare
+    assert AdaptiveBudget(FLAT, 60, deque(), lookup=fading).lookup_length(3, 10) == 0  # too little evidence left
+    for evidence in (fading, lasting):
+        for _ in range(6):
+            evidence.record(3, 0)  # the rare three-token repeats of prose fail
+    moderate = ForwardCosts([1, 65], [0.010, 0.074])  # 1 ms per node
+    assert AdaptiveBudget(moderate, 60, deque(), lookup=fading).lookup_length(3, 10) == 0  # the fresh outcomes decide
+    assert AdaptiveBudget(moderate, 60, deque(), lookup=lasting).lookup_length(3, 10) == 10  # the code's still would
 
 
 def test_lookup_yields_to_a_drafted_tree_that_is_cheaper_per_token():

@@ -172,7 +172,7 @@ def test_lookup_chains_sample_the_exact_target_distribution(target_and_draft, mo
     kwargs, processors = SETTINGS["temperature"]
     prompt = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7, 1, 5, 2]])  # every token occurs: every step finds a match
     force_costs(draft, target, FLAT_COSTS)
-    evidence = draft._dart_lookup_evidence = LookupEvidence(window=10**6)
+    evidence = draft._dart_lookup_evidence = LookupEvidence(window=10**6, half_life=float("inf"))
     for match in (1, 2, 3):  # overwhelming evidence that continuations hold: every match is verified as a chain
         for _ in range(10**4):
             evidence.record(match, 10)

@@ -20,7 +20,7 @@ budget m. Plain decoding commits one token per f(1). So:
 - Context lookup (`dart_hf.lookup`) chains are scored on every step for free, so `lookup_length` needs no probes:
   it verifies the chain prefix of length k with the lowest (o_lookup + f(k + 1)) / tau_lookup(k) when that beats
   both plain decoding and the drafted tree; tau_lookup is measured per match length n (a continuation found
-  after matching 3 tokens is far likelier to hold than one found after matching 1).
+  after matching 3 tokens is far likelier to hold than one found after matching 1), recent outcomes weighing more.
 """
 
 from __future__ import annotations
@@ -146,15 +146,31 @@ class StepRecord:
 @dataclass
 class LookupEvidence:
     """What context lookup has shown, shared across `generate` calls like the tree history: per match length n,
-    how many leading tokens of recent continuations the committed text matched; and the seconds recent lookup
-    steps spent outside the target's forward (acceptance, cache compaction)."""
+    how many leading tokens of recent continuations the committed text matched (the last `window`, each stamped
+    with the count of outcomes recorded before it); and the seconds recent lookup steps spent outside the target's
+    forward (acceptance, cache compaction).
+
+    Evidence fades with a half-life of `half_life` outcomes of any match length: a match length that turns rare
+    after a change of text (three-token repeats, common in code, rare in prose) would otherwise keep the old
+    text's acceptance for hundreds of steps."""
 
     matched: dict[int, deque] = field(default_factory=dict)
     overheads: deque = field(default_factory=lambda: deque(maxlen=16))
     window: int = 64
+    half_life: float = 64.0
+    clock: int = 0
 
     def record(self, match: int, matched: int) -> None:
-        self.matched.setdefault(match, deque(maxlen=self.window)).append(matched)
+        self.matched.setdefault(match, deque(maxlen=self.window)).append((self.clock, matched))
+        self.clock += 1
+
+    def outcomes(self, match: int) -> tuple[np.ndarray, np.ndarray]:
+        """(matched counts `[R]`, their weights `[R]`, 1 for the newest) for match length `match`."""
+        entries = self.matched.get(match)
+        if not entries:
+            return np.zeros(0, np.int64), np.zeros(0)
+        clocks, matched = np.array(entries, dtype=np.int64).T
+        return matched, 0.5 ** ((self.clock - 1 - clocks) / self.half_life)
 
 
 @dataclass
@@ -279,11 +295,11 @@ class AdaptiveBudget:
         """How many tokens of a context-lookup continuation to verify this step (0: none): the length with the
         lowest estimated seconds per token, if that beats both plain decoding and the drafted tree.
         match: the continuation's match length n; available: its length."""
-        outcomes = self.lookup.matched.get(match)
-        if not available or outcomes is None or len(outcomes) < self.min_evidence:
+        matched, weights = self.lookup.outcomes(match)
+        if not available or weights.sum() < self.min_evidence:
             return 0
         lengths = np.arange(1, available + 1)  # [K]
-        taus = 1.0 + np.minimum(np.array(outcomes)[:, None], lengths).mean(axis=0)  # [K]
+        taus = 1.0 + weights @ np.minimum(matched[:, None], lengths) / weights.sum()  # [K]
         overhead = float(np.mean(self.lookup.overheads)) if self.lookup.overheads else 0.0
         seconds_per_token = (overhead + np.array([self.verify_cost(k + 1) for k in lengths])) / taus
         best = int(seconds_per_token.argmin())
