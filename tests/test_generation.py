@@ -305,3 +305,40 @@ def test_context_lookup_engages_on_repeating_text_and_is_lossless():
     assert lookup_steps > 0 and longest >= 4  # chains were verified, and long ones accepted
     got = target.generate(prompt, max_new_tokens=NEW_TOKENS, assistant_model=draft, tree_options={"lookup_length": 0})
     assert torch.equal(got, expected) and draft.stats.lookup_steps == 0
+
+
+def test_lookup_chains_stop_at_the_length_limit(monkeypatch):
+    """A chain of k tokens commits up to k + 1, so near the end only what max_new_tokens still lets in is verified:
+    no forward ever computes positions past max_length (the budget-1 trees reach it at most)."""
+    from _helpers import FLAT_COSTS, force_costs
+
+    import dart_hf.generation as generation
+    from dart_hf.budget import LookupEvidence
+    from dart_hf.verify import forward_tree
+
+    target = tiny_target("llama", seed=8)
+    draft = DartDraftModel.from_target(target)
+    force_costs(draft, target, FLAT_COSTS)
+    evidence = draft._dart_lookup_evidence = LookupEvidence(window=10**4, half_life=float("inf"))
+    for match in (1, 2, 3):  # continuations are known to hold: every match is verified, as long as it is
+        for _ in range(1000):
+            evidence.record(match, 10)
+    cache_lengths = []
+
+    def recording_forward_tree(model, tree, cache, feature_layers):
+        outputs = forward_tree(model, tree, cache, feature_layers)
+        cache_lengths.append(cache.get_seq_length())
+        return outputs
+
+    monkeypatch.setattr(generation, "forward_tree", recording_forward_tree)
+    lookup_steps = 0
+    for prompt in prompts(3, seed=9):
+        for max_new_tokens in (5, 9, 14):
+            cache_lengths.clear()
+            got = target.generate(
+                prompt, max_new_tokens=max_new_tokens, assistant_model=draft, tree_options={"budget": 1}
+            )
+            assert torch.equal(got, vanilla(target, prompt)[:, : prompt.shape[1] + max_new_tokens])
+            assert max(cache_lengths, default=0) <= prompt.shape[1] + max_new_tokens
+            lookup_steps += draft.stats.lookup_steps
+    assert lookup_steps > 0

@@ -214,7 +214,9 @@ def dart_generate(
                 controller.lookup.record(match, matched)
             match, continuation = find_continuation(context, lookup_max_match, lookup_length)
             lookups.propose(context, match, continuation)
-            length = controller.lookup_length(match, continuation.size)
+            # a chain of k tokens commits up to k + 1: verifying more than the length limit lets in is waste
+            room = generation_config.max_length - pad_prefix.shape[1] - input_ids.shape[1] - 1
+            length = controller.lookup_length(match, min(continuation.size, max(room, 0)))
             if length:  # verify the continuation's first `length` tokens as a chain, without drafting
                 tick = time.perf_counter()
                 chain = [int(context[-1])] + continuation[:length].tolist()
