@@ -234,7 +234,9 @@ def test_ngram_pruned_trees_are_lossless(arch, policy):
         assert torch.equal(got, expected)
     got = target.generate(
         prompt, max_new_tokens=NEW_TOKENS, assistant_model=draft,
-        tree_options={"budget": 20, "ngram_at_root": True, "full_softmax": True, "ngram_weight": 1.0, "adaptive": False},
+        tree_options={
+            "budget": 20, "ngram_at_root": True, "full_softmax": True, "ngram_weight": 1.0, "adaptive": False
+        },
     )
     assert torch.equal(got, expected) and max(draft.stats.tree_sizes) <= 21
     got = target.generate(prompt, max_new_tokens=NEW_TOKENS, assistant_model=draft, tree_options={"use_ngram": False})

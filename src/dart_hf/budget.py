@@ -165,7 +165,8 @@ class LookupEvidence:
         self.clock += 1
 
     def outcomes(self, match: int) -> tuple[np.ndarray, np.ndarray]:
-        """(matched counts `[R]`, their weights `[R]`, 1 for the newest) for match length `match`."""
+        """(matched counts `[R]`, weights `[R]`) for match length `match`: an outcome recorded `a` outcomes (of any
+        match length) ago weighs 0.5 ** (a / half_life)."""
         entries = self.matched.get(match)
         if not entries:
             return np.zeros(0, np.int64), np.zeros(0)
@@ -182,8 +183,8 @@ class ForwardTimings:
 
     window: int = 32
     min_evidence: int = 4
-    plain: deque = field(default=None)
-    verify: deque = field(default=None)
+    plain: deque | None = None  # ratios of plain steps' forwards (a deque of at most `window`)
+    verify: deque | None = None
 
     def __post_init__(self):
         self.plain = deque(maxlen=self.window) if self.plain is None else self.plain
@@ -306,7 +307,9 @@ class AdaptiveBudget:
         alternative = min(self.plain_cost(), self.best()[1])
         return int(lengths[best]) if seconds_per_token[best] < alternative else 0
 
-    def record_lookup_step(self, overhead_seconds: float, nodes: int = 0, forward_seconds: float | None = None) -> None:
+    def record_lookup_step(
+        self, overhead_seconds: float, nodes: int = 0, forward_seconds: float | None = None
+    ) -> None:
         """After a verified lookup chain: its seconds outside the target's forward, and its forward's seconds over
         `nodes` nodes (root included)."""
         self.lookup.overheads.append(overhead_seconds)
