@@ -21,6 +21,7 @@ from dart_hf.budget import (
 from dart_hf.tree import BeamSearchTreePolicy, TopKTreePolicy
 
 STEEP = ForwardCosts([1, 65], [0.010, 0.650])  # 10 ms per node: drafting never pays unless tau is huge
+MODERATE = ForwardCosts([1, 65], [0.010, 0.074])  # 1 ms per node: pays only when drafted tokens are accepted
 
 
 def history_of(records):
@@ -60,13 +61,12 @@ def test_steep_costs_and_poor_acceptance_fall_back_to_plain_decoding_and_probe()
 
 def test_probes_wait_in_proportion_to_their_expected_loss():
     nothing_accepted = [(60, [])] * 8
-    nearly = ForwardCosts([1, 65], [0.010, 0.074])  # 1 ms per node: a probe loses 1 ms
-    assert AdaptiveBudget(nearly, 60, history_of(nothing_accepted)).probe_wait() == 4  # 1 / (3% of 10 ms)
+    assert AdaptiveBudget(MODERATE, 60, history_of(nothing_accepted)).probe_wait() == 4  # a 1 ms loss / 0.3 ms
     assert AdaptiveBudget(STEEP, 60, history_of(nothing_accepted)).probe_wait() == 34  # 10 / 0.3
     hopeless = ForwardCosts([1, 65], [0.010, 6.410])  # 100 ms per node
     assert AdaptiveBudget(hopeless, 60, history_of(nothing_accepted)).probe_wait() == 128  # the cap
 
-    controller = AdaptiveBudget(nearly, 60, history_of(nothing_accepted))
+    controller = AdaptiveBudget(MODERATE, 60, history_of(nothing_accepted))
     tree = TopKTreePolicy(budget=4)(torch.randn(2, 10), torch.tensor([0]), lambda ids: ids)
     for _ in range(4):
         controller.record_step(tree, [0, 1], 4, 0.0)  # the text changed: drafted tokens are accepted
@@ -133,8 +133,7 @@ def test_lookup_length_follows_costs_and_matches():
     assert AdaptiveBudget(FLAT, 60, deque(), lookup=coin).lookup_length(3, 10) == 10
     # every other continuation held 2 tokens, the rest none: the third token is never worth its cost
     half = lookup_evidence({2: [2, 0] * 4})
-    moderate = ForwardCosts([1, 65], [0.010, 0.074])  # 1 ms per node
-    assert AdaptiveBudget(moderate, 60, deque(), lookup=half).lookup_length(2, 10) == 2
+    assert AdaptiveBudget(MODERATE, 60, deque(), lookup=half).lookup_length(2, 10) == 2
 
 
 def test_lookup_evidence_fades_after_a_change_of_text():
@@ -152,9 +151,8 @@ def test_lookup_evidence_fades_after_a_change_of_text():
     for evidence in (fading, lasting):
         for _ in range(6):
             evidence.record(3, 0)  # the rare three-token repeats of prose fail
-    moderate = ForwardCosts([1, 65], [0.010, 0.074])  # 1 ms per node
-    assert AdaptiveBudget(moderate, 60, deque(), lookup=fading).lookup_length(3, 10) == 0  # the fresh outcomes decide
-    assert AdaptiveBudget(moderate, 60, deque(), lookup=lasting).lookup_length(3, 10) == 10  # the code's still would
+    assert AdaptiveBudget(MODERATE, 60, deque(), lookup=fading).lookup_length(3, 10) == 0  # the fresh outcomes decide
+    assert AdaptiveBudget(MODERATE, 60, deque(), lookup=lasting).lookup_length(3, 10) == 10  # the code's still would
 
 
 def test_lookup_yields_to_a_drafted_tree_that_is_cheaper_per_token():
@@ -170,8 +168,7 @@ def test_evidence_only_counts_steps_whose_tree_held_the_budget():
 
 
 def test_exploration_tries_twice_the_chosen_budget():
-    moderate = ForwardCosts([1, 65], [0.010, 0.074])  # 1 ms per node
-    controller = AdaptiveBudget(moderate, 60, history_of([(60, [1, 2, 3])] * 8), explore_every=3)
+    controller = AdaptiveBudget(MODERATE, 60, history_of([(60, [1, 2, 3])] * 8), explore_every=3)
     choices = [controller.next_budget() for _ in range(6)]
     best = controller.best()[0]
     assert best == 3  # the smallest tree that holds the whole accepted path

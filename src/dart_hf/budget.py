@@ -236,9 +236,9 @@ class AdaptiveBudget:
         """Expected seconds of one plain decoding step's forward."""
         return self.costs(1) * self.timings.scale("plain")
 
-    def verify_cost(self, nodes: int) -> float:
-        """Expected seconds of one verify forward over `nodes` nodes (root included)."""
-        return self.costs(nodes) * self.timings.scale("verify")
+    def verify_costs(self, nodes: list[int] | np.ndarray) -> np.ndarray:
+        """Expected seconds of one verify forward over each of `nodes` node counts (root included) `[K]`."""
+        return np.array([self.costs(int(n)) for n in nodes]) * self.timings.scale("verify")
 
     def estimate(self) -> dict[int, tuple[float, float]]:
         """{budget m: (estimated tau(m), estimated seconds per committed token)} for the budgets with evidence."""
@@ -251,12 +251,12 @@ class AdaptiveBudget:
         for row, record in enumerate(self.history):
             ranks[row, : record.path_ranks.size] = record.path_ranks
         estimates = {}
-        for budget in self.budgets:
+        for budget, forward_seconds in zip(self.budgets, self.verify_costs([b + 1 for b in self.budgets])):
             has_evidence = record_budgets >= budget
             if has_evidence.sum() < self.min_evidence:
                 continue
             tau = 1.0 + float((ranks[has_evidence] <= budget).sum(axis=1).mean())
-            estimates[budget] = (tau, (overhead + self.verify_cost(budget + 1)) / tau)
+            estimates[budget] = (tau, (overhead + float(forward_seconds)) / tau)
         return estimates
 
     def best(self) -> tuple[int | None, float, float]:
@@ -302,14 +302,12 @@ class AdaptiveBudget:
         lengths = np.arange(1, available + 1)  # [K]
         taus = 1.0 + weights @ np.minimum(matched[:, None], lengths) / weights.sum()  # [K]
         overhead = float(np.mean(self.lookup.overheads)) if self.lookup.overheads else 0.0
-        seconds_per_token = (overhead + np.array([self.verify_cost(k + 1) for k in lengths])) / taus
+        seconds_per_token = (overhead + self.verify_costs(lengths + 1)) / taus
         best = int(seconds_per_token.argmin())
         alternative = min(self.plain_cost(), self.best()[1])
         return int(lengths[best]) if seconds_per_token[best] < alternative else 0
 
-    def record_lookup_step(
-        self, overhead_seconds: float, nodes: int = 0, forward_seconds: float | None = None
-    ) -> None:
+    def record_lookup_step(self, overhead_seconds: float, nodes: int, forward_seconds: float | None = None) -> None:
         """After a verified lookup chain: its seconds outside the target's forward, and its forward's seconds over
         `nodes` nodes (root included)."""
         self.lookup.overheads.append(overhead_seconds)
@@ -335,5 +333,5 @@ class AdaptiveBudget:
         self.plain_run += 1
 
     def _record_forward(self, kind: str, nodes: int, seconds: float | None) -> None:
-        if seconds is not None and nodes > 0 and self.timings.window > 0:
+        if seconds is not None:  # (a window of 0 keeps nothing)
             (self.timings.plain if kind == "plain" else self.timings.verify).append(seconds / self.costs(nodes))

@@ -300,16 +300,19 @@ def adaptive_budget(
     if key not in memo or memo[key].node_counts[-1] < max_nodes:
         memo[key] = calibrate_forward_costs(target, list(draft.config.feature_layers), max_nodes)
         draft._dart_forward_costs = memo
-    history = getattr(draft, "_dart_acceptance_history", None)
-    if history is None:
-        history = draft._dart_acceptance_history = deque(maxlen=64)  # recent steps: acceptance varies by text
-    lookup = getattr(draft, "_dart_lookup_evidence", None)
-    if lookup is None:
-        lookup = draft._dart_lookup_evidence = LookupEvidence()
-    timings = getattr(draft, "_dart_forward_timings", None)
-    if timings is None:
-        timings = draft._dart_forward_timings = ForwardTimings()
+    history = _shared(draft, "_dart_acceptance_history", lambda: deque(maxlen=64))  # acceptance varies by text
+    lookup = _shared(draft, "_dart_lookup_evidence", LookupEvidence)
+    timings = _shared(draft, "_dart_forward_timings", ForwardTimings)
     return AdaptiveBudget(memo[key], max_budget, history, lookup=lookup, timings=timings)
+
+
+def _shared(draft: DartDraftModel, name: str, create):
+    """The controller state kept on the draft under `name` across `generate` calls, created on first use."""
+    state = getattr(draft, name, None)
+    if state is None:
+        state = create()
+        setattr(draft, name, state)
+    return state
 
 
 def build_tree_policy(draft: DartDraftModel, eos_token_id: int | list[int] | None = None, **options) -> TreePolicy:
