@@ -267,6 +267,8 @@ def dart_generate(
         if controller is not None:
             controller.record_step(tree, path, budget, draft_seconds + tree_seconds + accept_seconds, forward_seconds)
     stats.total_time = time.perf_counter() - start
+    if controller is not None:
+        draft._dart_plain_run = controller.plain_run
 
     if streamer is not None:
         streamer.end()
@@ -293,7 +295,8 @@ def adaptive_budget(
 ) -> AdaptiveBudget:
     """The budget controller for one `generate` call: the target's forward costs (calibrated once per model and
     machine for trees up to `max_budget` or `max_chain` lookup tokens, then memoised on the draft) and the draft's
-    acceptance and lookup evidence and recent forward timings, shared across calls."""
+    acceptance and lookup evidence, recent forward timings and plain steps since the last probe, shared across
+    calls."""
     key = calibration_key(target)
     memo = getattr(draft, "_dart_forward_costs", None) or {}
     max_nodes = max(max_budget, max_chain) + 1
@@ -303,7 +306,10 @@ def adaptive_budget(
     history = _shared(draft, "_dart_acceptance_history", lambda: deque(maxlen=64))  # acceptance varies by text
     lookup = _shared(draft, "_dart_lookup_evidence", LookupEvidence)
     timings = _shared(draft, "_dart_forward_timings", ForwardTimings)
-    return AdaptiveBudget(memo[key], max_budget, history, lookup=lookup, timings=timings)
+    controller = AdaptiveBudget(memo[key], max_budget, history, lookup=lookup, timings=timings)
+    # probes are spaced over the decoding stream, not per call: a wait longer than one call's tokens still ends
+    controller.plain_run = getattr(draft, "_dart_plain_run", 0)
+    return controller
 
 
 def _shared(draft: DartDraftModel, name: str, create):
