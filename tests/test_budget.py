@@ -96,27 +96,6 @@ def test_measured_forward_timings_scale_the_calibrated_costs():
     assert not frozen.timings.plain and frozen.timings.scale("plain") == 1.0
 
 
-def test_timings_follow_the_machine_while_one_kind_of_step_runs_alone():
-    # trees and plain steps mixed, both at their calibration; then the machine speeds up by 30% while only trees run
-    drift = ForwardTimings()
-    for _ in range(8):
-        drift.record("plain", 1.0)
-        drift.record("verify", 1.0)
-    for _ in range(32):
-        drift.record("verify", 0.7)
-    assert drift.scale("verify") == pytest.approx(0.7)
-    assert drift.scale("plain") == pytest.approx(0.7)  # not the stale 1.0 of minutes ago
-    # verify forwards costing 1.5x what plain ones do (a long context) keep that premium through a plain-only stretch
-    premium = ForwardTimings()
-    for _ in range(8):
-        premium.record("plain", 1.0)
-        premium.record("verify", 1.5)
-    for _ in range(32):
-        premium.record("plain", 0.7)
-    assert premium.scale("plain") == pytest.approx(0.7)
-    assert premium.scale("verify") == pytest.approx(1.05)
-
-
 def test_measured_overhead_travels_with_the_shared_history():
     """A new call's controller starts from the overhead the earlier calls measured: a step that costs 30 ms
     beyond the forward makes a 2-token-per-step tree lose to plain decoding from the first decision."""

@@ -177,59 +177,26 @@ class LookupEvidence:
 @dataclass
 class ForwardTimings:
     """Recent target forwards' measured seconds as multiples of their calibrated cost, for plain steps and for
-    verify steps (trees and lookup chains), shared across `generate` calls like the step history; window=0 keeps
-    the calibrated costs as they are.
-
-    The machine's speed drifts (other work, clock changes) and moves both kinds alike, while decoding can run one
-    kind only for minutes. So `scale` uses a kind's own ratios only while they are fresh (at least `min_evidence`
-    among the last `window` forwards of any kind). Otherwise it takes the other kind's fresh level times the
-    kind's relative cost, each of its ratios divided by the other kind's fresh level when it was recorded (a
-    verify forward over a long context exceeds its calibration more than a plain one does). Without either, the
-    median of the kind's last `window` ratios, then the other kind's, then 1.0."""
+    verify steps (trees and lookup chains), shared across `generate` calls like the step history. `scale` is the
+    median of the last `window` (1.0 until `min_evidence` are in; a kind without its own uses the other's);
+    window=0 keeps the calibrated costs as they are."""
 
     window: int = 32
     min_evidence: int = 4
     plain: deque | None = None  # ratios of plain steps' forwards (a deque of at most `window`)
     verify: deque | None = None
-    recent: deque | None = None  # (kind, ratio) of the last `window` forwards of any kind
-    relative: dict | None = None  # kind -> its ratios over the other kind's fresh level at the time
 
     def __post_init__(self):
         self.plain = deque(maxlen=self.window) if self.plain is None else self.plain
         self.verify = deque(maxlen=self.window) if self.verify is None else self.verify
-        self.recent = deque(maxlen=self.window) if self.recent is None else self.recent
-        if self.relative is None:
-            self.relative = {kind: deque(maxlen=self.window) for kind in ("plain", "verify")}
-
-    def record(self, kind: str, ratio: float) -> None:
-        """One forward of `kind` took `ratio` times its calibrated cost."""
-        other_level = self.fresh_level(_OTHER_KIND[kind])
-        if other_level is not None:
-            self.relative[kind].append(ratio / other_level)
-        (self.plain if kind == "plain" else self.verify).append(ratio)
-        self.recent.append((kind, ratio))
-
-    def fresh_level(self, kind: str) -> float | None:
-        """The median of `kind`'s ratios among the last `window` forwards, None with fewer than `min_evidence`."""
-        ratios = [ratio for recorded_kind, ratio in self.recent if recorded_kind == kind]
-        return float(np.median(ratios)) if len(ratios) >= self.min_evidence else None
 
     def scale(self, kind: str) -> float:
         """The factor for f in a step of `kind` ("plain" or "verify")."""
-        own = self.fresh_level(kind)
-        if own is not None:
-            return own
-        other = self.fresh_level(_OTHER_KIND[kind])
-        if other is not None and len(self.relative[kind]) >= self.min_evidence:
-            return other * float(np.median(self.relative[kind]))
-        own_ratios, other_ratios = (self.plain, self.verify) if kind == "plain" else (self.verify, self.plain)
-        for ratios in (own_ratios, other_ratios):
+        own, other = (self.plain, self.verify) if kind == "plain" else (self.verify, self.plain)
+        for ratios in (own, other):
             if len(ratios) >= self.min_evidence:
                 return float(np.median(ratios))
         return 1.0
-
-
-_OTHER_KIND = {"plain": "verify", "verify": "plain"}
 
 
 class AdaptiveBudget:
@@ -367,4 +334,4 @@ class AdaptiveBudget:
 
     def _record_forward(self, kind: str, nodes: int, seconds: float | None) -> None:
         if seconds is not None:  # (a window of 0 keeps nothing)
-            self.timings.record(kind, seconds / self.costs(nodes))
+            (self.timings.plain if kind == "plain" else self.timings.verify).append(seconds / self.costs(nodes))
