@@ -29,17 +29,12 @@ class PreviousBudget(AdaptiveBudget):
 
     def next_budget(self) -> int:
         budget, seconds_per_token, _ = self.best()
-        if budget is None:
-            return self.max_budget
-        if seconds_per_token >= self.plain_cost():
-            if self.plain_run >= self.probe_interval:
-                self.probing = True
-                return budget
-            return 0
-        self.steps += 1
-        if self.steps % self.explore_every == 0 and budget < self.max_budget:
-            return min(2 * budget, self.max_budget)
-        return budget
+        if budget is None or seconds_per_token < self.plain_cost():
+            return super().next_budget()  # no evidence yet, or drafting pays: as this version decides
+        if self.plain_run >= self.probe_interval:
+            self.probing = True
+            return budget
+        return 0
 
     def record_step(self, *args, **kwargs) -> None:
         super().record_step(*args, **kwargs)

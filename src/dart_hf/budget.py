@@ -216,6 +216,7 @@ class AdaptiveBudget:
         overhead_window: int = 16,
         lookup: LookupEvidence | None = None,
         timings: ForwardTimings | None = None,
+        plain_run: int = 0,
     ):
         self.costs = costs
         self.max_budget = max_budget
@@ -225,7 +226,7 @@ class AdaptiveBudget:
         self.explore_every = explore_every
         self.min_evidence = min_evidence
         self.overhead_window = overhead_window  # the overhead is the mean of this many recent steps'
-        self.plain_run = 0  # plain steps since the last tree
+        self.plain_run = plain_run  # plain steps since the last tree, carried across calls by the caller
         self._best = None  # best() until the next record_step
         self.steps = 0
         self.budgets = [b for b in CANDIDATE_BUDGETS if b < max_budget] + [max_budget]

@@ -268,7 +268,7 @@ def dart_generate(
             controller.record_step(tree, path, budget, draft_seconds + tree_seconds + accept_seconds, forward_seconds)
     stats.total_time = time.perf_counter() - start
     if controller is not None:
-        draft._dart_plain_run = controller.plain_run
+        draft._dart_plain_run = controller.plain_run  # read back by the next call's `adaptive_budget`
 
     if streamer is not None:
         streamer.end()
@@ -306,10 +306,9 @@ def adaptive_budget(
     history = _shared(draft, "_dart_acceptance_history", lambda: deque(maxlen=64))  # acceptance varies by text
     lookup = _shared(draft, "_dart_lookup_evidence", LookupEvidence)
     timings = _shared(draft, "_dart_forward_timings", ForwardTimings)
-    controller = AdaptiveBudget(memo[key], max_budget, history, lookup=lookup, timings=timings)
     # probes are spaced over the decoding stream, not per call: a wait longer than one call's tokens still ends
-    controller.plain_run = getattr(draft, "_dart_plain_run", 0)
-    return controller
+    plain_run = getattr(draft, "_dart_plain_run", 0)
+    return AdaptiveBudget(memo[key], max_budget, history, lookup=lookup, timings=timings, plain_run=plain_run)
 
 
 def _shared(draft: DartDraftModel, name: str, create):
