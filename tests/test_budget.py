@@ -74,26 +74,68 @@ def test_probes_wait_in_proportion_to_their_expected_loss():
     assert controller.next_budget() > 0  # drafting pays again: no plain steps in between
 
 
+def timings_of(plain: list[float], verify: list[float]) -> ForwardTimings:
+    """Timings that recorded the `plain` ratios, then the `verify` ones."""
+    timings = ForwardTimings()
+    for kind, ratios in (("plain", plain), ("verify", verify)):
+        for ratio in ratios:
+            timings.record(kind, ratio)
+    return timings
+
+
 def test_measured_forward_timings_scale_the_calibrated_costs():
     accepted = history_of([(8, [1])] * 8)  # tau 2 at every budget >= 1
-    calibrated = AdaptiveBudget(FLAT, 8, accepted, timings=ForwardTimings())
+    calibrated = AdaptiveBudget(FLAT, 8, accepted, timings=ForwardTimings(window=0))
     assert calibrated.next_budget() > 0
     # verify forwards measured at 2.2x their calibrated cost and plain ones at 1x: one token for 1.1 forwards loses
-    slow_trees = ForwardTimings(plain=deque([1.0] * 4), verify=deque([2.2] * 4))
+    slow_trees = timings_of(plain=[1.0] * 4, verify=[2.2] * 4)
     assert AdaptiveBudget(FLAT, 8, accepted, timings=slow_trees).next_budget() == 0
     # scaled alike, the comparison is the calibrated one
-    both = ForwardTimings(plain=deque([2.2] * 4), verify=deque([2.2] * 4))
+    both = timings_of(plain=[2.2] * 4, verify=[2.2] * 4)
     assert AdaptiveBudget(FLAT, 8, accepted, timings=both).next_budget() > 0
     # timings are recorded as multiples of the calibrated cost; window 0 records nothing
     controller = AdaptiveBudget(STEEP, 8, deque(), timings=ForwardTimings())
     controller.record_plain_step(forward_seconds=0.015)
     controller.record_lookup_step(0.0, nodes=3, forward_seconds=0.060)
-    assert list(controller.timings.plain) == [pytest.approx(1.5)] and list(controller.timings.verify) == [
-        pytest.approx(2.0)
-    ]
+    assert list(controller.timings.plain) == [(0, pytest.approx(1.5))]
+    assert list(controller.timings.verify) == [(1, pytest.approx(2.0))]
     frozen = AdaptiveBudget(STEEP, 8, deque(), timings=ForwardTimings(window=0))
     frozen.record_plain_step(forward_seconds=0.015)
     assert not frozen.timings.plain and frozen.timings.scale("plain") == 1.0
+
+
+def test_fresh_timings_outweigh_old_ones_of_their_kind():
+    """The machine got faster while trees ran: 28 plain ratios of 1.3 from long ago lose to 4 fresh ones of 1.0
+    (the plain median of the window would still say 1.3)."""
+    timings = timings_of(plain=[1.3] * 32, verify=[1.0] * 64)
+    assert timings.scale("plain") == pytest.approx(1.3) and timings.age("plain") == 64
+    for _ in range(4):
+        timings.record("plain", 1.0)
+    assert np.median([ratio for _, ratio in timings.plain]) == pytest.approx(1.3)
+    assert timings.scale("plain") == pytest.approx(1.0) and timings.age("plain") == 0
+    assert timings.scale("verify") == pytest.approx(1.0)
+
+
+def test_a_stale_plain_cost_is_re_measured_while_drafting_wins():
+    """Plain steps measured at 1.3x long ago (a slower machine), trees at 1.0x now and accepting one drafted token
+    in 5 steps: at tau 1.2, a 2-node tree costs 1.08 plain forwards per token, or 0.83 of the stale plain cost.
+    Drafting seems to win and runs until the plain cost is stale; then plain steps measure 1.0x, and from then on
+    plain decoding wins (with probes)."""
+    costs = ForwardCosts([1, 65], [0.010, 0.202])  # 3 ms a node: a 2-node tree is 1.3 plain forwards
+    history = history_of([(8, [1])] * 2 + [(8, [])] * 8)
+    controller = AdaptiveBudget(costs, 8, history, timings=timings_of(plain=[1.3] * 8, verify=[1.0] * 8))
+    tree = TopKTreePolicy(budget=1)(torch.randn(2, 10), torch.tensor([0]), lambda ids: ids)  # root + 1 node
+    decisions = []
+    for step in range(200):
+        budget = controller.next_budget()
+        decisions.append(budget)
+        if budget == 0:
+            controller.record_plain_step(forward_seconds=0.010)  # 1.0x: the machine is faster now
+        else:
+            path = [0, 1] if len(decisions) % 5 == 0 else [0]
+            controller.record_step(tree, path, budget, 0.0, forward_seconds=costs(len(tree)))
+    assert 0 < decisions.index(0) <= 40  # drafted first, then re-measured plain decoding
+    assert decisions[-100:].count(0) >= 75  # with the fresh cost, plain decoding wins
 
 
 def test_measured_overhead_travels_with_the_shared_history():

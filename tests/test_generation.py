@@ -309,6 +309,40 @@ def test_context_lookup_engages_on_repeating_text_and_is_lossless():
     assert torch.equal(got, expected) and draft.stats.lookup_steps == 0
 
 
+def test_lookups_whose_earlier_occurrences_disagree_keep_their_own_evidence(monkeypatch):
+    """Evidence that continuations hold after unanimous matches and fail after disagreeing ones: only the first
+    are verified as chains (each kind of lookup is judged on its own outcomes), losslessly."""
+    from _helpers import FLAT_COSTS, force_costs
+
+    from dart_hf.budget import AdaptiveBudget, LookupEvidence
+
+    target = tiny_target("llama", seed=8)
+    draft = DartDraftModel.from_target(target)
+    force_costs(draft, target, FLAT_COSTS)
+    evidence = draft._dart_lookup_evidence = LookupEvidence(window=10**4, half_life=float("inf"))
+    for match in (1, 2, 3):
+        for _ in range(1000):
+            evidence.record((match, False), 10)
+            evidence.record((match, True), 0)
+    decisions = []  # (ambiguous, chain length verified) of every step that found a continuation
+    decide = AdaptiveBudget.lookup_length
+
+    def recording_lookup_length(self, kind, available):
+        length = decide(self, kind, available)
+        if available:
+            decisions.append((kind[1], length))
+        return length
+
+    monkeypatch.setattr(AdaptiveBudget, "lookup_length", recording_lookup_length)
+    for prompt in prompts(3, seed=9):
+        expected = vanilla(target, prompt)
+        assert torch.equal(target.generate(prompt, max_new_tokens=NEW_TOKENS, assistant_model=draft), expected)
+    ambiguous = [length for disagree, length in decisions if disagree]
+    unanimous = [length for disagree, length in decisions if not disagree]
+    assert ambiguous and not any(ambiguous)  # they came up, and none was verified
+    assert unanimous and all(unanimous)  # every unanimous one was
+
+
 def test_lookup_chains_stop_at_the_length_limit(monkeypatch):
     """A chain of k tokens commits up to k + 1, so near the end only what max_new_tokens still lets in is verified:
     no forward ever computes positions past max_length (the budget-1 trees reach it at most)."""
@@ -322,9 +356,9 @@ def test_lookup_chains_stop_at_the_length_limit(monkeypatch):
     draft = DartDraftModel.from_target(target)
     force_costs(draft, target, FLAT_COSTS)
     evidence = draft._dart_lookup_evidence = LookupEvidence(window=10**4, half_life=float("inf"))
-    for match in (1, 2, 3):  # continuations are known to hold: every match is verified, as long as it is
-        for _ in range(1000):
-            evidence.record(match, 10)
+    for kind in [(match, ambiguous) for match in (1, 2, 3) for ambiguous in (False, True)]:
+        for _ in range(1000):  # continuations are known to hold: every match is verified, as long as it is
+            evidence.record(kind, 10)
     cache_lengths = []
 
     def recording_forward_tree(model, tree, cache, feature_layers):

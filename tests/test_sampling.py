@@ -175,9 +175,9 @@ def test_lookup_chains_sample_the_exact_target_distribution(target_and_draft, mo
     prompt = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7, 1, 5, 2]])  # every token occurs: every step finds a match
     force_costs(draft, target, FLAT_COSTS)
     evidence = draft._dart_lookup_evidence = LookupEvidence(window=10**6, half_life=float("inf"))
-    for match in (1, 2, 3):  # overwhelming evidence that continuations hold: every match is verified as a chain
-        for _ in range(10**4):
-            evidence.record(match, 10)
+    for kind in [(match, ambiguous) for match in (1, 2, 3) for ambiguous in (False, True)]:
+        for _ in range(10**4):  # overwhelming evidence that continuations hold: every match is verified as a chain
+            evidence.record(kind, 10)
     # and that drafted trees never hold (in an 8-token vocabulary they often would): the chain is always cheaper
     draft._dart_acceptance_history = deque([StepRecord(60, torch.zeros(0, dtype=torch.long).numpy())] * 8)
     if rule == "biased":

