@@ -74,68 +74,26 @@ def test_probes_wait_in_proportion_to_their_expected_loss():
     assert controller.next_budget() > 0  # drafting pays again: no plain steps in between
 
 
-def timings_of(plain: list[float], verify: list[float]) -> ForwardTimings:
-    """Timings that recorded the `plain` ratios, then the `verify` ones."""
-    timings = ForwardTimings()
-    for kind, ratios in (("plain", plain), ("verify", verify)):
-        for ratio in ratios:
-            timings.record(kind, ratio)
-    return timings
-
-
 def test_measured_forward_timings_scale_the_calibrated_costs():
     accepted = history_of([(8, [1])] * 8)  # tau 2 at every budget >= 1
-    calibrated = AdaptiveBudget(FLAT, 8, accepted, timings=ForwardTimings(window=0))
+    calibrated = AdaptiveBudget(FLAT, 8, accepted, timings=ForwardTimings())
     assert calibrated.next_budget() > 0
     # verify forwards measured at 2.2x their calibrated cost and plain ones at 1x: one token for 1.1 forwards loses
-    slow_trees = timings_of(plain=[1.0] * 4, verify=[2.2] * 4)
+    slow_trees = ForwardTimings(plain=deque([1.0] * 4), verify=deque([2.2] * 4))
     assert AdaptiveBudget(FLAT, 8, accepted, timings=slow_trees).next_budget() == 0
     # scaled alike, the comparison is the calibrated one
-    both = timings_of(plain=[2.2] * 4, verify=[2.2] * 4)
+    both = ForwardTimings(plain=deque([2.2] * 4), verify=deque([2.2] * 4))
     assert AdaptiveBudget(FLAT, 8, accepted, timings=both).next_budget() > 0
     # timings are recorded as multiples of the calibrated cost; window 0 records nothing
     controller = AdaptiveBudget(STEEP, 8, deque(), timings=ForwardTimings())
     controller.record_plain_step(forward_seconds=0.015)
     controller.record_lookup_step(0.0, nodes=3, forward_seconds=0.060)
-    assert list(controller.timings.plain) == [(0, pytest.approx(1.5))]
-    assert list(controller.timings.verify) == [(1, pytest.approx(2.0))]
+    assert list(controller.timings.plain) == [pytest.approx(1.5)] and list(controller.timings.verify) == [
+        pytest.approx(2.0)
+    ]
     frozen = AdaptiveBudget(STEEP, 8, deque(), timings=ForwardTimings(window=0))
     frozen.record_plain_step(forward_seconds=0.015)
     assert not frozen.timings.plain and frozen.timings.scale("plain") == 1.0
-
-
-def test_fresh_timings_outweigh_old_ones_of_their_kind():
-    """The machine got faster while trees ran: 28 plain ratios of 1.3 from long ago lose to 4 fresh ones of 1.0
-    (the plain median of the window would still say 1.3)."""
-    timings = timings_of(plain=[1.3] * 32, verify=[1.0] * 64)
-    assert timings.scale("plain") == pytest.approx(1.3) and timings.age("plain") == 64
-    for _ in range(4):
-        timings.record("plain", 1.0)
-    assert np.median([ratio for _, ratio in timings.plain]) == pytest.approx(1.3)
-    assert timings.scale("plain") == pytest.approx(1.0) and timings.age("plain") == 0
-    assert timings.scale("verify") == pytest.approx(1.0)
-
-
-def test_a_stale_plain_cost_is_re_measured_while_drafting_wins():
-    """Plain steps measured at 1.3x long ago (a slower machine), trees at 1.0x now and accepting one drafted token
-    in 5 steps: at tau 1.2, a 2-node tree costs 1.08 plain forwards per token, or 0.83 of the stale plain cost.
-    Drafting seems to win and runs until the plain cost is stale; then plain steps measure 1.0x, and from then on
-    plain decoding wins (with probes)."""
-    costs = ForwardCosts([1, 65], [0.010, 0.202])  # 3 ms a node: a 2-node tree is 1.3 plain forwards
-    history = history_of([(8, [1])] * 2 + [(8, [])] * 8)
-    controller = AdaptiveBudget(costs, 8, history, timings=timings_of(plain=[1.3] * 8, verify=[1.0] * 8))
-    tree = TopKTreePolicy(budget=1)(torch.randn(2, 10), torch.tensor([0]), lambda ids: ids)  # root + 1 node
-    decisions = []
-    for step in range(200):
-        budget = controller.next_budget()
-        decisions.append(budget)
-        if budget == 0:
-            controller.record_plain_step(forward_seconds=0.010)  # 1.0x: the machine is faster now
-        else:
-            path = [0, 1] if len(decisions) % 5 == 0 else [0]
-            controller.record_step(tree, path, budget, 0.0, forward_seconds=costs(len(tree)))
-    assert 0 < decisions.index(0) <= 40  # drafted first, then re-measured plain decoding
-    assert decisions[-100:].count(0) >= 75  # with the fresh cost, plain decoding wins
 
 
 def test_measured_overhead_travels_with_the_shared_history():
@@ -162,6 +120,25 @@ def test_lookup_needs_evidence_for_its_match_length():
     assert controller.lookup_length(2, 10) == 10
     assert controller.lookup_length(1, 10) == 0  # nothing seen after one-token matches
     assert controller.lookup_length(2, 0) == 0  # no continuation
+
+
+def test_lookup_choice_takes_the_candidate_with_the_best_evidence():
+    evidence = lookup_evidence({(3, True, "latest"): [0] * 8, (3, True, "earliest"): [10] * 8})
+    controller = AdaptiveBudget(FLAT, 60, deque(), lookup=evidence)
+    assert controller.lookup_choice([((3, True, "latest"), 10), ((3, True, "earliest"), 10)]) == (1, 10)
+    assert controller.lookup_choice([((3, True, "latest"), 10)]) == (-1, 0)  # alone, it never holds: plain wins
+    assert controller.lookup_choice([((3, True, "earliest"), 0)]) == (-1, 0)  # no tokens to verify
+    assert controller.lookup_choice([]) == (-1, 0)
+
+
+def test_a_rare_kind_of_lookup_falls_back_to_its_match_lengths_pooled_evidence():
+    evidence = lookup_evidence({(3, False, "latest"): [10] * 8, (3, True, "earliest"): [0] * 2})
+    assert evidence.outcomes((3,))[0].tolist() == [10] * 8 + [0] * 2  # every kind's outcomes, pooled
+    controller = AdaptiveBudget(FLAT, 60, deque(), lookup=evidence)
+    assert controller.lookup_length((3, True, "earliest"), 10) == 10  # 2 of its own, too few: the pool's 8 of 10
+    assert controller.lookup_length((2, True, "latest"), 10) == 0  # nothing at its match length either
+    evidence = lookup_evidence({(3, False, "latest"): [10] * 8, (3, True, "earliest"): [0] * 4})
+    assert AdaptiveBudget(FLAT, 60, deque(), lookup=evidence).lookup_length((3, True, "earliest"), 10) == 0  # its own
 
 
 def test_lookup_length_follows_costs_and_matches():

@@ -1,5 +1,7 @@
 """Greedy losslessness of DART tree decoding against vanilla `generate`, stats, and generate() options."""
 
+import itertools
+
 import pytest
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
@@ -309,9 +311,9 @@ def test_context_lookup_engages_on_repeating_text_and_is_lossless():
     assert torch.equal(got, expected) and draft.stats.lookup_steps == 0
 
 
-def test_lookups_whose_earlier_occurrences_disagree_keep_their_own_evidence(monkeypatch):
-    """Evidence that continuations hold after unanimous matches and fail after disagreeing ones: only the first
-    are verified as chains (each kind of lookup is judged on its own outcomes), losslessly."""
+def test_each_kind_of_lookup_is_judged_on_its_own_evidence(monkeypatch):
+    """Evidence that continuations hold after matches whose earlier occurrences agree, and after disagreeing ones
+    only when taken from the earliest occurrence: the chains verified are exactly those kinds, losslessly."""
     from _helpers import FLAT_COSTS, force_costs
 
     from dart_hf.budget import AdaptiveBudget, LookupEvidence
@@ -320,27 +322,26 @@ def test_lookups_whose_earlier_occurrences_disagree_keep_their_own_evidence(monk
     draft = DartDraftModel.from_target(target)
     force_costs(draft, target, FLAT_COSTS)
     evidence = draft._dart_lookup_evidence = LookupEvidence(window=10**4, half_life=float("inf"))
-    for match in (1, 2, 3):
+    for match, ambiguous, which in itertools.product((1, 2, 3), (False, True), ("latest", "earliest")):
         for _ in range(1000):
-            evidence.record((match, False), 10)
-            evidence.record((match, True), 0)
-    decisions = []  # (ambiguous, chain length verified) of every step that found a continuation
-    decide = AdaptiveBudget.lookup_length
+            evidence.record((match, ambiguous, which), 0 if ambiguous and which == "latest" else 10)
+    offered, verified = [], []  # the kinds of every candidate, and of every chain verified
+    choose = AdaptiveBudget.lookup_choice
 
-    def recording_lookup_length(self, kind, available):
-        length = decide(self, kind, available)
-        if available:
-            decisions.append((kind[1], length))
-        return length
+    def recording_lookup_choice(self, candidates):
+        index, length = choose(self, candidates)
+        offered.extend(kind for kind, available in candidates if available)
+        if length:
+            verified.append(candidates[index][0])
+        return index, length
 
-    monkeypatch.setattr(AdaptiveBudget, "lookup_length", recording_lookup_length)
+    monkeypatch.setattr(AdaptiveBudget, "lookup_choice", recording_lookup_choice)
     for prompt in prompts(3, seed=9):
         expected = vanilla(target, prompt)
         assert torch.equal(target.generate(prompt, max_new_tokens=NEW_TOKENS, assistant_model=draft), expected)
-    ambiguous = [length for disagree, length in decisions if disagree]
-    unanimous = [length for disagree, length in decisions if not disagree]
-    assert ambiguous and not any(ambiguous)  # they came up, and none was verified
-    assert unanimous and all(unanimous)  # every unanimous one was
+    assert any(ambiguous and which == "latest" for _, ambiguous, which in offered)  # they came up
+    assert not any(ambiguous and which == "latest" for _, ambiguous, which in verified)  # and never won
+    assert any(ambiguous for _, ambiguous, _ in verified) and any(not ambiguous for _, ambiguous, _ in verified)
 
 
 def test_lookup_chains_stop_at_the_length_limit(monkeypatch):
@@ -356,7 +357,7 @@ def test_lookup_chains_stop_at_the_length_limit(monkeypatch):
     draft = DartDraftModel.from_target(target)
     force_costs(draft, target, FLAT_COSTS)
     evidence = draft._dart_lookup_evidence = LookupEvidence(window=10**4, half_life=float("inf"))
-    for kind in [(match, ambiguous) for match in (1, 2, 3) for ambiguous in (False, True)]:
+    for kind in itertools.product((1, 2, 3), (False, True), ("latest", "earliest")):  # every kind of lookup
         for _ in range(1000):  # continuations are known to hold: every match is verified, as long as it is
             evidence.record(kind, 10)
     cache_lengths = []

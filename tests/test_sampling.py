@@ -5,6 +5,7 @@ with the same logits warpers; a chi-square test at significance 1e-4 (seeded, so
 DART's samples and vanilla `generate`'s samples alike, and must reject a deliberately wrong acceptance rule.
 """
 
+import itertools
 import math
 from collections import Counter
 
@@ -175,7 +176,7 @@ def test_lookup_chains_sample_the_exact_target_distribution(target_and_draft, mo
     prompt = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7, 1, 5, 2]])  # every token occurs: every step finds a match
     force_costs(draft, target, FLAT_COSTS)
     evidence = draft._dart_lookup_evidence = LookupEvidence(window=10**6, half_life=float("inf"))
-    for kind in [(match, ambiguous) for match in (1, 2, 3) for ambiguous in (False, True)]:
+    for kind in itertools.product((1, 2, 3), (False, True), ("latest", "earliest")):  # every kind of lookup
         for _ in range(10**4):  # overwhelming evidence that continuations hold: every match is verified as a chain
             evidence.record(kind, 10)
     # and that drafted trees never hold (in an 8-token vocabulary they often would): the chain is always cheaper

@@ -10,21 +10,19 @@ budget m. Plain decoding commits one token per f(1). So:
   `Tree.ranks` <= m), so one step verified with budget b tells what every budget m <= b would have accepted.
 - f is the fastest of several runs at a 128-token context; during generation the context is longer and the
   machine busier, and not by the same factor for one token as for a tree. `ForwardTimings` keeps recent forwards'
-  measured seconds as multiples of f, per kind of step, and decisions scale f by their medians, fresh ratios
-  weighing more. While drafting wins, a plain step is taken now and then to keep its measured cost fresh
-  (`refresh_wait`): the machine's speed drifts, and a plain cost measured minutes ago on a slower machine would
-  keep drafting where it now loses.
+  measured seconds as multiples of f, per kind of step, and decisions scale f by their medians.
 - `AdaptiveBudget` picks the m with the lowest cost per token, (o + f(m + 1)) / tau(m); when even that loses to
   f(1), it decodes plainly and probes with a tree now and then to notice when drafting pays again. A probe costs
   its expected loss, tau(m) times the gap per token, so it waits for as many plain steps as keep probes' losses
   under `probe_share` of the plain decoding time: a tree that nearly pays is probed every few steps (so the
   evidence follows a change of text quickly), one that loses badly rarely. Every `explore_every` steps it tries
   twice the chosen budget, which is how larger budgets get evidence.
-- Context lookup (`dart_hf.lookup`) chains are scored on every step for free, so `lookup_length` needs no probes:
-  it verifies the chain prefix of length k with the lowest (o_lookup + f(k + 1)) / tau_lookup(k) when that beats
-  both plain decoding and the drafted tree; tau_lookup is measured per match length n (a continuation found
-  after matching 3 tokens is far likelier to hold than one found after matching 1) and apart for matches whose
-  earlier occurrences disagree on what follows (which rarely hold), recent outcomes weighing more.
+- Context lookup (`dart_hf.lookup`) chains are scored on every step for free, so `lookup_choice` needs no probes:
+  of a step's candidate chains it verifies the prefix of length k with the lowest (o_lookup + f(k + 1)) /
+  tau_lookup(k) when that beats both plain decoding and the drafted tree; tau_lookup is measured per kind of
+  candidate: its match length n (a continuation found after matching 3 tokens is far likelier to hold than one
+  found after matching 1), whether the earlier occurrences disagree on what follows, and which occurrence it
+  follows (the latest or the earliest), recent outcomes weighing more.
 """
 
 from __future__ import annotations
@@ -151,8 +149,9 @@ class StepRecord:
 @dataclass
 class LookupEvidence:
     """What context lookup has shown, shared across `generate` calls like the tree history: per kind of lookup
-    (a key: the match length n, and whether the earlier occurrences disagree on what follows), how many leading
-    tokens of recent continuations the committed text matched (the last `window`, each stamped with the count of
+    (a key such as `dart_hf.lookup.find_continuations` gives: the match length n, whether the earlier occurrences
+    disagree on what follows, which occurrence), how many leading tokens of recent continuations the committed
+    text matched (the last `window`, each stamped with the count of
     outcomes recorded before it); and the seconds recent lookup steps spent outside the target's forward
     (acceptance, cache compaction).
 
@@ -167,7 +166,11 @@ class LookupEvidence:
     clock: int = 0
 
     def record(self, kind: Hashable, matched: int) -> None:
+        """One outcome of a lookup of `kind`; a tuple kind's outcome also counts for its pooled kind, its first
+        element alone (the match length), which a kind with too little evidence of its own falls back to."""
         self.matched.setdefault(kind, deque(maxlen=self.window)).append((self.clock, matched))
+        if isinstance(kind, tuple) and len(kind) > 1:
+            self.matched.setdefault(kind[:1], deque(maxlen=self.window)).append((self.clock, matched))
         self.clock += 1
 
     def outcomes(self, kind: Hashable) -> tuple[np.ndarray, np.ndarray]:
@@ -183,47 +186,26 @@ class LookupEvidence:
 @dataclass
 class ForwardTimings:
     """Recent target forwards' measured seconds as multiples of their calibrated cost, for plain steps and for
-    verify steps (trees and lookup chains), shared across `generate` calls like the step history.
-
-    Each ratio is stamped with the count of forwards (of either kind) recorded before it. `scale` is the weighted
-    median of a kind's last `window` ratios, a ratio measured a forwards ago weighing 0.5 ** (a / half_life): the
-    machine's speed drifts, and a kind's ratios from minutes ago must not outvote its fresh ones. A kind with
-    fewer than `min_evidence` ratios uses the other's (1.0 until either has them); window=0 keeps the calibrated
-    costs as they are. `age` tells the controller when a kind has not been measured for a while."""
+    verify steps (trees and lookup chains), shared across `generate` calls like the step history. `scale` is the
+    median of the last `window` (1.0 until `min_evidence` are in; a kind without its own uses the other's);
+    window=0 keeps the calibrated costs as they are."""
 
     window: int = 32
     min_evidence: int = 4
-    half_life: float = 16.0
-    plain: deque | None = None  # (stamp, ratio) of plain steps' forwards (a deque of at most `window`)
+    plain: deque | None = None  # ratios of plain steps' forwards (a deque of at most `window`)
     verify: deque | None = None
-    clock: int = 0  # forwards recorded
 
     def __post_init__(self):
         self.plain = deque(maxlen=self.window) if self.plain is None else self.plain
         self.verify = deque(maxlen=self.window) if self.verify is None else self.verify
 
-    def record(self, kind: str, ratio: float) -> None:
-        """Add one forward's measured / calibrated seconds for `kind` ("plain" or "verify")."""
-        if self.window:
-            (self.plain if kind == "plain" else self.verify).append((self.clock, ratio))
-            self.clock += 1
-
     def scale(self, kind: str) -> float:
-        """The factor for f in a step of `kind`."""
+        """The factor for f in a step of `kind` ("plain" or "verify")."""
         own, other = (self.plain, self.verify) if kind == "plain" else (self.verify, self.plain)
-        for entries in (own, other):
-            if len(entries) >= self.min_evidence:
-                stamps, ratios = np.array(entries, dtype=np.float64).T
-                order = np.argsort(ratios)
-                weights = 0.5 ** ((self.clock - 1 - stamps[order]) / self.half_life)
-                cumulative = np.cumsum(weights)
-                return float(ratios[order][np.searchsorted(cumulative, 0.5 * cumulative[-1])])
+        for ratios in (own, other):
+            if len(ratios) >= self.min_evidence:
+                return float(np.median(ratios))
         return 1.0
-
-    def age(self, kind: str) -> float:
-        """Forwards recorded since the last one of `kind` (inf when it has none)."""
-        entries = self.plain if kind == "plain" else self.verify
-        return self.clock - 1 - entries[-1][0] if entries else math.inf
 
 
 class AdaptiveBudget:
@@ -306,15 +288,6 @@ class AdaptiveBudget:
         loss = tau * (seconds_per_token - plain)
         return min(math.ceil(loss / (self.probe_share * plain)), self.max_probe_interval)
 
-    def refresh_wait(self) -> float:
-        """Forwards after which a plain step is taken to re-measure its cost while drafting wins (the choice rests
-        on that cost, and the machine's speed drifts): one such step loses its gap to drafting's seconds per
-        token, spread like probes' losses so that refreshes cost at most `probe_share` of the drafting time;
-        never sooner than two half-lives of the timings' weights."""
-        _, seconds_per_token, tau = self.best()
-        loss = self.plain_cost() - seconds_per_token
-        return max(math.ceil(loss / (self.probe_share * tau * seconds_per_token)), 2 * self.timings.half_life)
-
     def next_budget(self) -> int:
         """The budget for the next step; 0 means a plain decoding step."""
         budget, seconds_per_token, _ = self.best()
@@ -324,27 +297,43 @@ class AdaptiveBudget:
             if self.plain_run >= self.probe_wait():
                 return budget  # a probe: does drafting pay again? (its record resets the plain run)
             return 0
-        if self.timings.plain and self.timings.age("plain") >= self.refresh_wait():
-            return 0  # the plain step's measured cost is stale: re-measure it
         self.steps += 1
         if self.steps % self.explore_every == 0 and budget < self.max_budget:
             return min(2 * budget, self.max_budget)
         return budget
 
-    def lookup_length(self, kind: Hashable, available: int) -> int:
-        """How many tokens of a context-lookup continuation to verify this step (0: none): the length with the
-        lowest estimated seconds per token, if that beats both plain decoding and the drafted tree.
-        kind: the continuation's key in the lookup evidence; available: its length."""
+    def lookup_estimate(self, kind: Hashable, available: int) -> tuple[float, int]:
+        """(lowest estimated seconds per token, the chain length that gets it) for verifying a context-lookup
+        continuation of `kind` (its key in the lookup evidence) with `available` tokens; (inf, 0) without a
+        continuation or enough evidence."""
         matched, weights = self.lookup.outcomes(kind)
+        if isinstance(kind, tuple) and len(kind) > 1 and weights.sum() < self.min_evidence:
+            matched, weights = self.lookup.outcomes(kind[:1])  # a rare kind: its match length's pooled evidence
         if not available or weights.sum() < self.min_evidence:
-            return 0
+            return math.inf, 0
         lengths = np.arange(1, available + 1)  # [K]
         taus = 1.0 + weights @ np.minimum(matched[:, None], lengths) / weights.sum()  # [K]
         overhead = float(np.mean(self.lookup.overheads)) if self.lookup.overheads else 0.0
         seconds_per_token = (overhead + self.verify_costs(lengths + 1)) / taus
         best = int(seconds_per_token.argmin())
-        alternative = min(self.plain_cost(), self.best()[1])
-        return int(lengths[best]) if seconds_per_token[best] < alternative else 0
+        return float(seconds_per_token[best]), int(lengths[best])
+
+    def lookup_choice(self, candidates: list[tuple[Hashable, int]]) -> tuple[int, int]:
+        """Which context-lookup continuation to verify this step, and how many of its tokens: (index into
+        `candidates`, length), the one with the lowest estimated seconds per token if that beats both plain
+        decoding and the drafted tree, else (-1, 0). candidates: (kind, available tokens) of each continuation."""
+        estimates = [self.lookup_estimate(kind, available) for kind, available in candidates]
+        if not estimates:
+            return -1, 0
+        index = min(range(len(estimates)), key=lambda i: estimates[i][0])
+        seconds_per_token, length = estimates[index]
+        if seconds_per_token < min(self.plain_cost(), self.best()[1]):
+            return index, length
+        return -1, 0
+
+    def lookup_length(self, kind: Hashable, available: int) -> int:
+        """`lookup_choice` for one continuation: how many of its tokens to verify (0: none)."""
+        return self.lookup_choice([(kind, available)])[1]
 
     def record_lookup_step(self, overhead_seconds: float, nodes: int, forward_seconds: float | None = None) -> None:
         """After a verified lookup chain: its seconds outside the target's forward, and its forward's seconds over
@@ -372,5 +361,5 @@ class AdaptiveBudget:
         self.plain_run += 1
 
     def _record_forward(self, kind: str, nodes: int, seconds: float | None) -> None:
-        if seconds is not None:
-            self.timings.record(kind, seconds / self.costs(nodes))
+        if seconds is not None:  # (a window of 0 keeps nothing)
+            (self.timings.plain if kind == "plain" else self.timings.verify).append(seconds / self.costs(nodes))

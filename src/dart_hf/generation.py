@@ -30,7 +30,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .budget import AdaptiveBudget, ForwardTimings, LookupEvidence, calibrate_forward_costs, calibration_key
 from .features import forward_with_features
-from .lookup import LookupTracker, find_continuation
+from .lookup import LookupTracker, find_continuations
 from .modeling_dart import DartDraftModel
 from .tree import BeamSearchTreePolicy, Tree, TopKTreePolicy, TreePolicy
 from .verify import accept, compact_cache, forward_tree
@@ -212,15 +212,15 @@ def dart_generate(
             context = input_ids[0].cpu().numpy()
             for kind, matched in lookups.resolve(context):
                 controller.lookup.record(kind, matched)
-            match, continuation, ambiguous = find_continuation(context, lookup_max_match, lookup_length)
-            kind = (match, ambiguous)  # evidence is kept apart for each: they hold at very different rates
-            lookups.propose(context, kind, continuation)
+            candidates = find_continuations(context, lookup_max_match, lookup_length)
+            for kind, continuation in candidates:
+                lookups.propose(context, kind, continuation)
             # a chain of k tokens commits up to k + 1: verifying more than the length limit lets in is waste
-            room = generation_config.max_length - pad_prefix.shape[1] - input_ids.shape[1] - 1
-            length = controller.lookup_length(kind, min(continuation.size, max(room, 0)))
-            if length:  # verify the continuation's first `length` tokens as a chain, without drafting
+            room = max(generation_config.max_length - pad_prefix.shape[1] - input_ids.shape[1] - 1, 0)
+            chosen, length = controller.lookup_choice([(kind, min(c.size, room)) for kind, c in candidates])
+            if length:  # verify the chosen continuation's first `length` tokens as a chain, without drafting
                 tick = time.perf_counter()
-                chain = [int(context[-1])] + continuation[:length].tolist()
+                chain = [int(context[-1])] + candidates[chosen][1][:length].tolist()
                 _, forward_seconds, accept_seconds = verify(Tree.from_parents(chain, list(range(-1, length))))
                 stats.lookup_steps += 1
                 stats.lookup_time += time.perf_counter() - tick
