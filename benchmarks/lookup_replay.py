@@ -1,0 +1,82 @@
+"""How often each kind of context-lookup candidate holds, replayed on vanilla's greedy outputs: no timing, no noise.
+
+For every output position of every prompt, `dart_hf.lookup.find_continuations` runs on the prompt plus the output
+so far, and each candidate is scored against the tokens vanilla actually produced next, as `LookupTracker` would
+score it. Per kind (match length, whether the earlier occurrences disagree, which occurrence) it prints how many
+positions offered one, how often its first token held, and the mean number of leading tokens that held (at most
+`--length`). A way to weigh a change to the lookup rules before spending an interleaved A/B on it.
+
+    python benchmarks/lookup_replay.py --prompts-per-set 40 --max-new-tokens 32 --outputs greedy.json
+    # about 25 minutes on a 2-core CPU to generate; later runs read greedy.json and take seconds
+"""
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from dart_hf.bench import BENCHMARK_SETS
+from dart_hf.lookup import find_continuations
+
+
+def greedy_outputs(prompts_per_set: int, max_new_tokens: int) -> dict[str, list[dict]]:
+    """{set: [{"prompt": token ids, "output": token ids}]} from vanilla greedy `generate` on the packaged target."""
+    from dart_hf.bench import chat_inputs
+    from dart_hf.prompts import load_prompts
+    from dart_hf.zoo import load_target
+
+    target, tokenizer = load_target("smollm2-135m-instruct")
+    outputs = {}
+    for name in BENCHMARK_SETS:
+        outputs[name] = []
+        for prompt in load_prompts(name, prompts_per_set):
+            inputs = chat_inputs(tokenizer, prompt)
+            sequence = target.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)[0].tolist()
+            length = inputs["input_ids"].shape[1]
+            outputs[name].append({"prompt": sequence[:length], "output": sequence[length:]})
+    return outputs
+
+
+def replay(outputs: dict[str, list[dict]], max_match: int, length: int) -> dict[tuple, list[int]]:
+    """{kind: [tokens held, one per position that offered a candidate of that kind]}, over every set."""
+    held = defaultdict(list)
+    for rows in outputs.values():
+        for row in rows:
+            sequence = np.array(row["prompt"] + row["output"])
+            start = len(row["prompt"])
+            for position in range(start + 1, len(sequence)):  # the first output token comes from the prefill
+                truth = sequence[position : position + length]
+                for kind, chain in find_continuations(sequence[:position], max_match, length):
+                    size = min(chain.size, truth.size)
+                    differs = np.flatnonzero(chain[:size] != truth[:size])
+                    held[kind].append(int(differs[0]) if differs.size else size)
+    return held
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts-per-set", type=int, default=40)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--outputs", type=Path, required=True, help="greedy outputs: read if present, else written")
+    parser.add_argument("--max-match", type=int, default=3)
+    parser.add_argument("--length", type=int, default=10)
+    args = parser.parse_args()
+    if not args.outputs.exists():
+        outputs = greedy_outputs(args.prompts_per_set, args.max_new_tokens)
+        temporary = args.outputs.with_name(args.outputs.name + ".tmp")
+        temporary.write_text(json.dumps(outputs))
+        temporary.replace(args.outputs)
+    outputs = json.loads(args.outputs.read_text())
+    print("| match | occurrences disagree | occurrence | positions | first token held | mean tokens held |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for kind, counts in sorted(replay(outputs, args.max_match, args.length).items()):
+        counts = np.array(counts)
+        match, ambiguous, which = kind
+        print(f"| {match} | {'yes' if ambiguous else 'no'} | {which} | {counts.size} | {(counts >= 1).mean():.0%} | "
+              f"{counts.mean():.2f} |")
+
+
+if __name__ == "__main__":
+    main()
