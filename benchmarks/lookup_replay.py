@@ -1,8 +1,7 @@
 """How often each kind of context-lookup candidate holds, replayed on vanilla's greedy outputs: no timing, no noise.
 
 For every output position of every prompt, `dart_hf.lookup.find_continuations` runs on the prompt plus the output
-so far, and each candidate is scored against the tokens vanilla actually produced next, as `LookupTracker` would
-score it. Per kind (match length, whether the earlier occurrences disagree, which occurrence) it prints how many
+so far, and each candidate is scored by `LookupTracker` against the tokens vanilla actually produced next. Per kind (match length, whether the earlier occurrences disagree, which occurrence) it prints how many
 positions offered one, how often its first token held, and the mean number of leading tokens that held (at most
 `--length`). A way to weigh a change to the lookup rules before spending an interleaved A/B on it.
 
@@ -18,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from dart_hf.bench import BENCHMARK_SETS
-from dart_hf.lookup import find_continuations
+from dart_hf.lookup import LookupTracker, find_continuations
 
 
 def greedy_outputs(prompts_per_set: int, max_new_tokens: int) -> dict[str, list[dict]]:
@@ -40,18 +39,18 @@ def greedy_outputs(prompts_per_set: int, max_new_tokens: int) -> dict[str, list[
 
 
 def replay(outputs: dict[str, list[dict]], max_match: int, length: int) -> dict[tuple, list[int]]:
-    """{kind: [tokens held, one per position that offered a candidate of that kind]}, over every set."""
+    """{kind: [tokens held, one per position that offered a candidate of that kind]}, over every set, scored by the
+    decode loop's own `LookupTracker` (a candidate still undecided at the end of the output is left out)."""
     held = defaultdict(list)
     for rows in outputs.values():
         for row in rows:
             sequence = np.array(row["prompt"] + row["output"])
-            start = len(row["prompt"])
-            for position in range(start + 1, len(sequence)):  # the first output token comes from the prefill
-                truth = sequence[position : position + length]
+            tracker = LookupTracker()
+            for position in range(len(row["prompt"]) + 1, len(sequence)):  # the first output token: the prefill's
                 for kind, chain in find_continuations(sequence[:position], max_match, length):
-                    size = min(chain.size, truth.size)
-                    differs = np.flatnonzero(chain[:size] != truth[:size])
-                    held[kind].append(int(differs[0]) if differs.size else size)
+                    tracker.propose(sequence[:position], kind, chain)
+            for kind, matched in tracker.resolve(sequence):
+                held[kind].append(matched)
     return held
 
 

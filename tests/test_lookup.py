@@ -33,7 +33,9 @@ def test_the_longest_match_wins_with_its_latest_and_earliest_occurrences():
     ]
     # a more recent one-token match of 3 loses to the older three-token match of 1, 2, 3
     context = np.array([1, 2, 3, 8, 9, 3, 6, 1, 2, 3])
-    assert chains(find_continuations(context, max_match=3, length=10)) == [((3, False, "latest"), [8, 9, 3, 6, 1, 2, 3])]
+    assert chains(find_continuations(context, max_match=3, length=10)) == [
+        ((3, False, "latest"), [8, 9, 3, 6, 1, 2, 3]),
+    ]
     assert chains(find_continuations(context, max_match=1, length=2)) == [
         ((1, True, "latest"), [6, 1]),  # 3 was followed by 8, then by 6
         ((1, True, "earliest"), [8, 9]),

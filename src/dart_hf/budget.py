@@ -151,9 +151,10 @@ class LookupEvidence:
     """What context lookup has shown, shared across `generate` calls like the tree history: per kind of lookup
     (a key such as `dart_hf.lookup.find_continuations` gives: the match length n, whether the earlier occurrences
     disagree on what follows, which occurrence), how many leading tokens of recent continuations the committed
-    text matched (the last `window`, each stamped with the count of
-    outcomes recorded before it); and the seconds recent lookup steps spent outside the target's forward
-    (acceptance, cache compaction).
+    text matched (the last `window`, each stamped with the count of outcomes recorded before it); and the seconds
+    recent lookup steps spent outside the target's forward (acceptance, cache compaction). A tuple kind's
+    outcomes also count for its pool, its first element alone (the match length), which `evidence` falls back to
+    for a kind with too little of its own.
 
     Evidence fades with a half-life of `half_life` outcomes of any kind: a kind that turns rare after a change of
     text (three-token repeats, common in code, rare in prose) would otherwise keep the old text's acceptance for
@@ -165,12 +166,16 @@ class LookupEvidence:
     half_life: float = 64.0
     clock: int = 0
 
+    @staticmethod
+    def pool(kind: Hashable) -> Hashable | None:
+        """The kind whose evidence pools `kind`'s with its siblings': (n,) for a tuple kind (n, ...), else None."""
+        return kind[:1] if isinstance(kind, tuple) and len(kind) > 1 else None
+
     def record(self, kind: Hashable, matched: int) -> None:
-        """One outcome of a lookup of `kind`; a tuple kind's outcome also counts for its pooled kind, its first
-        element alone (the match length), which a kind with too little evidence of its own falls back to."""
-        self.matched.setdefault(kind, deque(maxlen=self.window)).append((self.clock, matched))
-        if isinstance(kind, tuple) and len(kind) > 1:
-            self.matched.setdefault(kind[:1], deque(maxlen=self.window)).append((self.clock, matched))
+        """One outcome of a lookup of `kind` (also counted for its pool)."""
+        for key in (kind, self.pool(kind)):
+            if key is not None:
+                self.matched.setdefault(key, deque(maxlen=self.window)).append((self.clock, matched))
         self.clock += 1
 
     def outcomes(self, kind: Hashable) -> tuple[np.ndarray, np.ndarray]:
@@ -181,6 +186,14 @@ class LookupEvidence:
             return np.zeros(0, np.int64), np.zeros(0)
         clocks, matched = np.array(entries, dtype=np.int64).T
         return matched, 0.5 ** ((self.clock - 1 - clocks) / self.half_life)
+
+    def evidence(self, kind: Hashable, min_weight: float) -> tuple[np.ndarray, np.ndarray]:
+        """`outcomes(kind)`, or its pool's when the kind's own weigh less than `min_weight` (a rare kind)."""
+        matched, weights = self.outcomes(kind)
+        pool = self.pool(kind)
+        if pool is not None and weights.sum() < min_weight:
+            return self.outcomes(pool)
+        return matched, weights
 
 
 @dataclass
@@ -306,9 +319,7 @@ class AdaptiveBudget:
         """(lowest estimated seconds per token, the chain length that gets it) for verifying a context-lookup
         continuation of `kind` (its key in the lookup evidence) with `available` tokens; (inf, 0) without a
         continuation or enough evidence."""
-        matched, weights = self.lookup.outcomes(kind)
-        if isinstance(kind, tuple) and len(kind) > 1 and weights.sum() < self.min_evidence:
-            matched, weights = self.lookup.outcomes(kind[:1])  # a rare kind: its match length's pooled evidence
+        matched, weights = self.lookup.evidence(kind, self.min_evidence)
         if not available or weights.sum() < self.min_evidence:
             return math.inf, 0
         lengths = np.arange(1, available + 1)  # [K]

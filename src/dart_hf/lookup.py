@@ -8,8 +8,8 @@ occurrence, when they differ); the target verifies such a chain like any tree, s
 Unlike a drafted tree, a lookup costs nothing to propose, so whether it would have been accepted can be measured
 on every step without verifying it: `LookupTracker` remembers each step's proposal and, once the following tokens
 are committed (by whatever kind of step), records how many of its leading tokens they matched, per kind of
-proposal (its match length, whether the earlier occurrences disagree on what follows, which occurrence). Under greedy
-decoding that is exactly the count verification would have accepted; under sampling, a proposed token is
+proposal (its match length, whether the earlier occurrences disagree on what follows, which occurrence). Under
+greedy decoding that is exactly the count verification would have accepted; under sampling, a proposed token is
 committed with the target's probability of it either way. `dart_hf.budget` turns those counts into the choice of
 verifying a lookup chain (and how long) or not.
 """
@@ -33,8 +33,8 @@ def find_continuations(context: np.ndarray, max_match: int, length: int) -> list
     that follows, "latest" or "earliest"): the controller keeps evidence per kind, and they hold at very different
     rates. On the benchmark sets' greedy outputs (40 prompts each, 32 tokens; `benchmarks/lookup_replay.py`),
     after three-token matches whose occurrences disagree, the latest occurrence's continuation started correctly
-    15% of the time and the earliest's 52% (code: the definition comes first, its later uses vary); after
-    agreeing ones, over 80%.
+    14% of the time and the earliest's 49% (code: the definition comes first, its later uses vary); after
+    agreeing ones, about 80%.
     """
     size = context.shape[0]
     for match in range(min(max_match, size - 1), 0, -1):
@@ -56,8 +56,8 @@ class LookupTracker:
     """Scores proposals against the tokens committed after them.
 
     `propose(context, kind, chain)` is called for each candidate of a step before it runs (context `[S]`, kind: a
-    key such as `find_continuations` gives, chain: the proposed next tokens); `resolve(context)` after tokens are committed
-    returns `(kind, matched)` for every proposal now decided:
+    key such as `find_continuations` gives, chain: the proposed next tokens); `resolve(context)` after tokens are
+    committed returns `(kind, matched)` for every proposal now decided:
     `matched` is the number of leading chain tokens the committed text equals (a mismatch or the whole chain seen).
     """
 
