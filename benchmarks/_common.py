@@ -1,7 +1,15 @@
-"""Shared by the benchmark scripts: print the results and write them as JSON when asked."""
+"""Shared by the benchmark scripts: print the results and write them as JSON when asked, and the interleaved
+side-by-side run of several DART drafts against vanilla `generate`."""
 
 import json
+import time
 from pathlib import Path
+
+import torch
+
+from dart_hf.bench import BENCHMARK_SETS, chat_inputs
+from dart_hf.prompts import load_prompts
+from dart_hf.training.trainer import greedy_agreement
 
 
 def report(results: dict, out: Path | None) -> None:
@@ -9,3 +17,64 @@ def report(results: dict, out: Path | None) -> None:
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(results, indent=2) + "\n")
+
+
+def interleaved_speedups(target, tokenizer, drafts: dict, prompts_per_set: int, max_new_tokens: int = 32) -> dict:
+    """Vanilla greedy `generate` and each draft of `drafts` (name -> bound `DartDraftModel`, each with its own
+    controller state) over the benchmark sets, interleaved prompt by prompt with the order reversed on every other
+    prompt, after an untimed warm-up; every DART output is checked against vanilla's. Prints and returns, per set
+    and overall, each draft's total-time speedup over vanilla, tau, share of plain steps and alpha_1 (untimed:
+    its teacher-forced agreement with vanilla's greedy output at the first drafted position)."""
+    options = {"max_new_tokens": max_new_tokens, "do_sample": False}
+    runs = {
+        "vanilla": lambda inputs: target.generate(**inputs, **options),
+        **{name: (lambda inputs, d=draft: target.generate(**inputs, **options, assistant_model=d))
+           for name, draft in drafts.items()},
+    }
+    for run in runs.values():
+        run(chat_inputs(tokenizer, "Say hello."))  # untimed warm-up (and the one-time calibration)
+
+    results, overall = {}, dict.fromkeys(runs, 0.0)
+    all_hits, all_rows = dict.fromkeys(drafts, 0), dict.fromkeys(drafts, 0)
+    for prompt_set in BENCHMARK_SETS:
+        seconds = dict.fromkeys(runs, 0.0)
+        plain, steps, committed, verified, hits, rows = (dict.fromkeys(drafts, 0) for _ in range(6))
+        for index, prompt in enumerate(load_prompts(prompt_set, prompts_per_set)):
+            inputs = chat_inputs(tokenizer, prompt)
+            outputs = {}
+            for name in list(runs) if index % 2 == 0 else list(runs)[::-1]:
+                start = time.perf_counter()
+                outputs[name] = runs[name](inputs)
+                seconds[name] += time.perf_counter() - start
+                if name in drafts:
+                    stats = drafts[name].stats
+                    plain[name] += stats.plain_steps
+                    steps[name] += stats.plain_steps + stats.verify_steps
+                    committed[name] += sum(stats.accepted_lengths)
+                    verified[name] += stats.verify_steps
+            prompt_length = inputs["input_ids"].shape[1]
+            for name, draft in drafts.items():
+                assert torch.equal(outputs[name], outputs["vanilla"]), f"{name} differs from vanilla on {prompt!r}"
+                depth_hits, depth_rows = greedy_agreement(draft, target, outputs["vanilla"], prompt_length)
+                hits[name] += int(depth_hits[0])
+                rows[name] += int(depth_rows[0])
+        for name in runs:
+            overall[name] += seconds[name]
+        for name in drafts:
+            all_hits[name] += hits[name]
+            all_rows[name] += rows[name]
+        results[prompt_set] = {
+            name: {"speedup": seconds["vanilla"] / seconds[name], "tau": committed[name] / max(verified[name], 1),
+                   "plain": plain[name] / max(steps[name], 1), "alpha_1": hits[name] / max(rows[name], 1)}
+            for name in drafts
+        }
+        print(prompt_set, "  ".join(
+            f"{name} {r['speedup']:.3f}x (tau {r['tau']:.2f}, {r['plain']:.0%} plain, alpha_1 {r['alpha_1']:.1%})"
+            for name, r in results[prompt_set].items()), flush=True)
+    results["overall"] = {
+        name: {"speedup": overall["vanilla"] / overall[name], "alpha_1": all_hits[name] / max(all_rows[name], 1)}
+        for name in drafts
+    }
+    print("overall", "  ".join(
+        f"{name} {r['speedup']:.3f}x (alpha_1 {r['alpha_1']:.1%})" for name, r in results["overall"].items()))
+    return results

