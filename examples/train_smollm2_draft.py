@@ -19,12 +19,15 @@ import time
 from pathlib import Path
 
 from dart_hf.files import write_atomically
-from dart_hf.prompts import load_prompts, read_set_file, training_prompts
+from dart_hf.prompts import load_prompts, read_set_file, reference_conversations, training_prompts
 
 DATA = Path("data/smollm2")
 # round 3: prompts shaped like the benchmark sets (code to complete or write, maths problems, news to summarise),
 # a seeded sample of each kind; none of them is a benchmark prompt
 BENCHLIKE_SAMPLE = {"python-complete": 320, "python-write": 240, "math-train": 320, "xsum": 200}
+# round 4: the sets that ship an answer to each prompt (MATH's worked solutions, the standard library functions'
+# own source), used as they are, the target's distributions on them as labels: no generation
+REFERENCE_SETS = ["math-train", "python-stdlib"]
 DRAFT_NAME = "smollm2-135m-instruct-dart"
 RESULTS = """Measured with `dart-hf bench --draft smollm2-135m-instruct-dart --prompts-per-set 20 --methods
 vanilla prompt_lookup dart_no_lookup dart` on a 2-core x86 CPU: greedy, float32, 20 prompts per set, 32 new
@@ -103,6 +106,7 @@ def main() -> None:
     # the Alpaca demo replies, used as they are (teacher-labelled): Apache-2.0, inside the llamafactory sdist
     replies = DATA / "alpaca_demo_replies.json"
     replies.write_bytes(read_set_file("alpaca-demo"))
+    references = reference_file()
     max_length = 1024
     for name, suffix in (("selfdistill.jsonl", ""), ("selfdistill_benchlike.jsonl", "_benchlike")):
         lines = (DATA / name).read_text().strip().split("\n")
@@ -116,7 +120,8 @@ def main() -> None:
         # the benchmark-like replies three times over: about half of what training sees
         "target": "smollm2-135m-instruct",
         "train_files": [str(DATA / "train.jsonl")] + [str(DATA / "train_benchlike.jsonl")] * 3,
-        "existing_files": [str(replies)], "existing_ratio": 0.15,
+        # existing replies (references and Alpaca demo), drawn at random: 0.5 per self-distilled example
+        "existing_files": [str(references), str(replies)], "existing_ratio": 0.5,
         "eval_files": [str(DATA / "heldout.jsonl"), str(DATA / "heldout_benchlike.jsonl")],
         "output_dir": args.output, "max_steps": args.max_steps, "per_device_train_batch_size": 8,
         "learning_rate": 3e-4, "lr_scheduler_type": "cosine", "warmup_steps": 20, "max_grad_norm": 0.5,
@@ -124,7 +129,7 @@ def main() -> None:
         "train_sampling_strategy": "group_by_length",
         "eval_strategy": "steps", "eval_steps": args.eval_steps, "save_steps": args.eval_steps, "save_total_limit": 4,
         "logging_steps": 10, "report_to": "none", "use_cpu": True,
-        "early_stopping_patience": 3, "dataloader_num_workers": 0, "seed": 0,
+        "early_stopping_patience": 3, "dataloader_num_workers": 0, "seed": 1,
     }
     if args.init_draft:
         config["init_draft"] = args.init_draft
@@ -164,6 +169,17 @@ def benchlike_prompt_file() -> Path:
         pool = list(pools[kind])
         rng.shuffle(pool)
         lines += [json.dumps({"kind": kind, "messages": [{"role": "user", "content": text}]}) for text in pool[:count]]
+    write_atomically(path, lambda temporary: Path(temporary).write_text("\n".join(lines) + "\n"))
+    return path
+
+
+def reference_file() -> Path:
+    """`data/smollm2/benchlike_references.jsonl`: the `{"prompt", "response"}` pairs of `REFERENCE_SETS`, less the
+    prompts of the self-distilled benchmark-like sample (whose held-out part must stay unseen). Rebuilt from the
+    packages each run (not committed)."""
+    path = DATA / "benchlike_references.jsonl"
+    sampled = {json.loads(line)["messages"][0]["content"] for line in benchlike_prompt_file().read_text().split("\n") if line}
+    lines = [json.dumps(record) for record in reference_conversations(REFERENCE_SETS, exclude=sampled)]
     write_atomically(path, lambda temporary: Path(temporary).write_text("\n".join(lines) + "\n"))
     return path
 

