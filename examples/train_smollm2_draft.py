@@ -22,13 +22,14 @@ from dart_hf.files import write_atomically
 from dart_hf.prompts import load_prompts, read_set_file, reference_conversations, training_prompts
 
 DATA = Path("data/smollm2")
-# prompts shaped like the benchmark sets (code to complete or write, maths problems, news to summarise), a seeded
-# sample of each kind, none of them a benchmark prompt: round 3's, then round 4's (the next prompts of each
-# kind's shuffle, appended so that earlier ids stay valid)
+# prompts shaped like the benchmark sets (code to complete or write, maths problems, news to summarise, open-ended
+# questions and writing tasks), a seeded sample of each kind, none of them a benchmark prompt: round 3's, then
+# round 4's and 5's (the next prompts of each kind's shuffle, appended so that earlier ids stay valid)
 BENCHLIKE_SAMPLES = [
     {"python-complete": 320, "python-write": 240, "math-train": 320, "xsum": 200},
     {"python-complete": 240, "python-write": 160, "math-train": 240},
     {"python-complete": 94, "python-write": 160, "math-train": 240},  # round 4's second sitting: every function
+    {"open-ended": 1193, "xsum": 120},  # round 5: every open-ended prompt (the kind MT-Bench and AlpacaEval ask)
 ]
 # `--with-references`: the sets that ship an answer to each prompt (MATH's worked solutions, the standard library
 # functions' own source), used as they are with the target's distributions on them as labels (no generation)
@@ -181,9 +182,10 @@ def benchlike_prompt_file() -> Path:
     path = DATA / "benchlike_prompts.jsonl"
     python = load_prompts("python-stdlib")
     pools = {"python-complete": python[: len(python) // 2], "python-write": python[len(python) // 2 :],
-             "math-train": training_prompts(["math-train"]), "xsum": load_prompts("xsum")}
+             "math-train": training_prompts(["math-train"]), "xsum": load_prompts("xsum"),
+             "open-ended": training_prompts(["arena-hard", "ifeval"])}
     rng = random.Random(0)
-    for pool in pools.values():  # one shuffle per kind, in the order of the first sample (as round 3 drew them)
+    for pool in pools.values():  # one shuffle per kind, in the order they were added (a later kind moves no id)
         rng.shuffle(pool)
     taken, lines = dict.fromkeys(pools, 0), []
     for sample in BENCHLIKE_SAMPLES:

@@ -20,6 +20,12 @@ spec.loader.exec_module(make_notebooks)
 PROMPTS = [f"say {word} twice" for word in ("apple", "river", "stone", "cloud", "green", "seven", "north", "piano")]
 
 
+@pytest.fixture(autouse=True)
+def private_dart_cache(tmp_path, monkeypatch):
+    # the notebook kernel is another process: conftest's patch of the cost cache does not reach it, the variable does
+    monkeypatch.setenv("DART_HF_CACHE", str(tmp_path / "dart-hf-cache"))
+
+
 @pytest.fixture(scope="module")
 def tiny_assets(tmp_path_factory):
     folder = tmp_path_factory.mktemp("assets")

@@ -97,6 +97,22 @@ def test_xsum_articles_are_asked_for_three_sentences_like_cnn_dailymail():
     assert got == ["Article: A BBC story.\n\nSummarize the above article in 3 sentences."]
 
 
+def test_open_ended_training_sets_read_arena_hard_and_ifeval_prompts():
+    import json
+
+    arena = [{"uid": "a", "category": "creative_writing", "prompt": " Write a song about rain. "},
+             {"uid": "b", "category": "hard_prompt", "prompt": "Fix this code:\n" + "x = 1\n" * 400},
+             {"uid": "c", "category": "hard_prompt", "prompt": "Prove that 7 is prime.\u2028Be brief."}]
+    data = "\n".join(json.dumps(r, ensure_ascii=False) for r in arena).encode()  # a raw U+2028 in the file
+    # stripped; a pasted 2,000-character document is left out; U+2028 inside a prompt does not split a record
+    assert prompts_module.PROMPT_SETS["arena-hard"].read(data) == ["Write a song about rain.",
+                                                                    "Prove that 7 is prime.\u2028Be brief."]
+    ifeval = [{"key": 1, "prompt": "Write a haiku. Do not use commas.", "instruction_id_list": []}]
+    data = "\n".join(json.dumps(r) for r in ifeval).encode()
+    assert prompts_module.PROMPT_SETS["ifeval"].read(data) == ["Write a haiku. Do not use commas."]
+    assert {prompts_module.PROMPT_SETS[name].role for name in ("arena-hard", "ifeval")} == {"train"}
+
+
 def test_python_stdlib_prompts_ask_to_complete_and_to_write_documented_public_functions(tmp_path, monkeypatch):
     (tmp_path / "shapes.py").write_text(
         'def area(width, height):\n    """Return the area of a rectangle of the given width and height.\n\n'

