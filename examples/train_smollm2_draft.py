@@ -104,6 +104,8 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=1500)
     parser.add_argument("--eval-steps", type=int, default=250, help="evaluate and checkpoint this often")
     parser.add_argument("--init-draft", default=None, help="warm-start from this draft")
+    parser.add_argument("--widen-mlp", type=int, default=None, metavar="UNITS",
+                        help="widen the --init-draft's MLP to this many units first (`dart-hf train --widen_mlp`)")
     parser.add_argument("--with-references", action="store_true",
                         help="also train on the reference replies of REFERENCE_SETS (measured: no gain, see the card)")
     parser.add_argument("--output", default="drafts/smollm2-135m-instruct-dart")
@@ -151,6 +153,8 @@ def main() -> None:
     }
     if args.init_draft:
         config["init_draft"] = args.init_draft
+    if args.widen_mlp:
+        config["widen_mlp"] = args.widen_mlp
     if args.with_references:  # the round-4 experiment: reference replies drawn at 0.5 per self-distilled example
         config.update(existing_files=[str(reference_file()), str(replies)], existing_ratio=0.5)
     (DATA / "train_config.json").write_text(json.dumps(config, indent=2))

@@ -121,7 +121,7 @@ def train_command(argv: list[str]) -> None:
     from transformers import EarlyStoppingCallback, HfArgumentParser, TrainingArguments
 
     from .modeling_dart import DartDraftModel
-    from .training import DartDataCollator, DartTrainer, DartTrainingArguments, load_examples
+    from .training import DartDataCollator, DartTrainer, DartTrainingArguments, load_examples, widen_mlp
     from .training.data import conversation_examples, frequent_token_ids, load_conversations, mix_examples
     from .zoo import load_draft, load_target
 
@@ -146,8 +146,12 @@ def train_command(argv: list[str]) -> None:
             "No training examples: pass --train_files (JSONL from `dart-hf self-distill`) and/or --existing_files "
             "(conversations with assistant replies)."
         )
+    if dart_args.widen_mlp and not dart_args.init_draft:
+        raise ValueError("--widen_mlp widens a trained draft: pass it with --init_draft DRAFT.")
     if dart_args.init_draft:
         draft = load_draft(dart_args.init_draft, target, dtype=torch.float32)  # a shipped draft is bfloat16
+        if dart_args.widen_mlp:
+            draft = widen_mlp(draft, dart_args.widen_mlp)
     else:
         vocab_size = target.config.get_text_config().vocab_size
         reduced = dart_args.draft_vocab_size is not None and dart_args.draft_vocab_size < vocab_size
@@ -192,8 +196,12 @@ def train_command(argv: list[str]) -> None:
     )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(training_args.output_dir)
-    if eval_examples:
-        print(trainer.evaluate())
+    if eval_examples:  # the held-out figures of the final weights (evaluated again only if the last step was not)
+        step = trainer.state.global_step
+        logged = [h for h in trainer.state.log_history if h.get("step") == step and "eval_chain_tau" in h]
+        print(logged[-1] if logged else trainer.evaluate())
+    if trainer.is_world_process_zero():  # the training and evaluation history beside the final weights
+        trainer.state.save_to_json(str(Path(training_args.output_dir) / "trainer_state.json"))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -13,6 +13,7 @@ from .feature_cache import CachedFeatureDataset, FeatureCache, build_feature_cac
 from .layout import PrefixSharedLayout, prefix_shared_layout
 from .loss import dart_loss
 from .trainer import DartTrainer, DartTrainingArguments, evaluate_draft
+from .widen import widen_mlp
 
 __all__ = [
     "CachedFeatureDataset",
@@ -31,4 +32,5 @@ __all__ = [
     "prefix_shared_layout",
     "self_distill",
     "tokenize_conversation",
+    "widen_mlp",
 ]

@@ -37,6 +37,11 @@ class DartTrainingArguments:
     )
     eval_files: list[str] = field(default_factory=list, metadata={"help": "held-out example files for alpha/tau"})
     init_draft: str | None = field(default=None, metadata={"help": "start from this draft instead of a fresh one"})
+    widen_mlp: int | None = field(
+        default=None,
+        metadata={"help": "with --init_draft: first widen its MLP to this many units, computing the same logits "
+                          "(new units start with zero output weights)"},
+    )
     gamma: float = field(default=0.6, metadata={"help": "loss weight decay per predicted position (SPEC: 0.6)"})
     anchors_per_sequence: int = field(
         default=32, metadata={"help": "mask blocks per sequence (sampled among response positions)"}
