@@ -77,7 +77,8 @@ def _xsum(data: bytes) -> list[str]:
 def _arena_hard(data: bytes, max_chars: int = 2000) -> list[str]:
     # Arena-Hard v2.0: hard coding and maths questions and creative writing from Chatbot Arena users; the longest
     # (pasted code or documents, a tenth of them over 900 tokens) are left out
-    return [r["prompt"].strip() for r in _jsonl(data) if 0 < len(r["prompt"].strip()) <= max_chars]
+    prompts = (record["prompt"].strip() for record in _jsonl(data))
+    return [prompt for prompt in prompts if 0 < len(prompt) <= max_chars]
 
 
 def _math_train_references(archive: Path) -> list[tuple[str, str]]:
