@@ -155,6 +155,22 @@ def test_beam_search_equals_loop_reference(seed, variant):
     assert all(int(tree.parents[n]) < n for n in range(1, len(tree)))
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_beam_search_small_budgets_equal_the_full_beam_search(seed):
+    """Below `beam_width` the search runs `budget` beams over `budget` levels: the tree must not change."""
+    rng = np.random.default_rng(seed)
+    vocab = 40
+    documents = [rng.integers(0, vocab, rng.integers(5, 60)) for _ in range(300)]
+    table = NgramTable.from_sequences(documents, vocab_size=vocab, eos_token_id=3, progress=False)
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(8, vocab, generator=generator) * 2
+    context = torch.randint(0, vocab, (5,), generator=generator)
+    for budget in range(1, 12):
+        policy = BeamSearchTreePolicy(budget=budget, top_k=6, beam_width=12, ngram=table, eos_token_ids=(3,))
+        tree = policy(logits, context, lambda ids: ids)
+        assert len(tree) == budget + 1 and tree_paths(tree) == set(reference_beam_search(logits, context, policy))
+
+
 def test_beam_search_without_ngram_and_with_draft_vocab_mapping():
     generator = torch.Generator().manual_seed(0)
     logits = torch.randn(8, 20, generator=generator)

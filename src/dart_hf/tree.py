@@ -186,7 +186,10 @@ class BeamSearchTreePolicy:
         budget: int | None = None,
     ) -> Tree:
         budget = self.budget if budget is None else budget
-        logits = draft_logits.float()
+        # a tree of `budget` nodes reaches depth `budget` at most, and each kept node's parent is among the `budget`
+        # best of its level (the kept set is prefix-closed): fewer levels and beams than that build the same tree
+        logits = draft_logits[:budget].float()
+        beam_width = min(self.beam_width, budget)
         top_k = min(self.top_k, logits.shape[-1])
         top_logits, draft_ids = top_k_per_row(logits, top_k)
         if self.full_softmax:
@@ -240,7 +243,7 @@ class BeamSearchTreePolicy:
             pool_parents.append(np.repeat(beam_nodes, top_k))
             # the best beams; beams that end in EOS are ranked after all others and cannot be extended
             ends_in_eos = np.tile(level_is_eos[level], beam_nodes.size)
-            best = np.argsort(np.where(ends_in_eos, np.inf, -flat_scores), kind="stable")[: self.beam_width]
+            best = np.argsort(np.where(ends_in_eos, np.inf, -flat_scores), kind="stable")[: beam_width]
             best = best[~ends_in_eos[best]]
             if best.size == 0 or level + 1 == num_levels:
                 break

@@ -1,0 +1,178 @@
+"""The tree search's settings replayed on vanilla's greedy outputs: acceptance per budget, no verify forwards.
+
+Greedy verification accepts the longest tree path that spells vanilla's own continuation, so given the draft's
+teacher-forced logits at every output position (one draft pass per prompt, `draft_rows`) the acceptance length of
+any tree is known without running the target over it. For each setting of the beam search (`tree_*` fields of the
+draft's config) it builds the tree at every position, reads the acceptance of every budget m from the tree's ranks
+(a budget of m keeps the nodes of rank <= m), and prints tau(m) beside the speed that the cached forward costs
+predict for the tree steps alone: tau(m) * f(1) / (f(m + 1) + overhead), plain decoding = 1.00.
+
+The prompts default to each benchmark set's 21st to 32nd, so that settings chosen here are judged afterwards on
+`dart-hf bench`'s default prompts (the first 20), which this replay never reads.
+
+    python benchmarks/tree_replay.py --outputs logs/replay_greedy.json      # about 6 minutes to generate
+    python benchmarks/tree_replay.py --outputs logs/replay_greedy.json --draft drafts/x --grid ngram_weight=0,1
+"""
+
+import argparse
+import itertools
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from _common import report
+from dart_hf.bench import BENCHMARK_SETS, chat_inputs
+from dart_hf.budget import CANDIDATE_BUDGETS, calibrate_forward_costs
+from dart_hf.generation import build_tree_policy
+from dart_hf.prompts import load_prompts
+from dart_hf.training.trainer import draft_rows
+from dart_hf.zoo import load_draft, load_target
+
+TARGET = "smollm2-135m-instruct"
+# one setting changed at a time from the draft's own (the first row), then the pairs a first run singled out
+DEFAULT_GRID = [
+    {},
+    {"ngram_weight": 0.0}, {"ngram_weight": 0.25}, {"ngram_weight": 1.0}, {"ngram_weight": 2.0},
+    {"level_decay": 0.0}, {"level_decay": 0.35}, {"level_decay": 1.4},
+    {"logit_decay": 0.7}, {"logit_decay": 1.0},
+    {"beam_width": 10}, {"beam_width": 40},
+    {"top_k": 10}, {"top_k": 50},
+    {"full_softmax": True}, {"ngram_at_root": True},
+    {"policy": "topk"},
+]
+
+
+def greedy_outputs(skip: int, prompts_per_set: int, max_new_tokens: int) -> dict[str, list[dict]]:
+    """{set: [{"prompt": ids, "output": ids}]}: vanilla greedy `generate` on prompts skip .. skip + n - 1 of each
+    benchmark set."""
+    target, tokenizer = load_target(TARGET)
+    outputs = {}
+    for name in BENCHMARK_SETS:
+        outputs[name] = []
+        for prompt in load_prompts(name, skip + prompts_per_set)[skip:]:
+            inputs = chat_inputs(tokenizer, prompt)
+            sequence = target.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)[0].tolist()
+            length = inputs["input_ids"].shape[1]
+            outputs[name].append({"prompt": sequence[:length], "output": sequence[length:]})
+        print(f"generated {name}", flush=True)
+    return outputs
+
+
+def level_logits(draft, target, sequence: torch.Tensor, prompt_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The draft's logits at every output position, as the decode loop would see them.
+
+    Returns anchors `[A]` (row j pairs the target's features at position j with token j + 1, the tree's root) and
+    logits `[A, draft_length, V_d]` (level l predicts token j + 2 + l)."""
+    loss_mask = torch.zeros_like(sequence, dtype=torch.bool)
+    loss_mask[:, prompt_length:] = True
+    batch = {"input_ids": sequence, "attention_mask": torch.ones_like(sequence), "loss_mask": loss_mask}
+    rows = draft_rows(draft, target, batch, num_anchors=None)
+    logits = rows.draft_logits[0]
+    num_blocks = len(rows.anchors)
+    num_prefix = logits.shape[0] - num_blocks * rows.num_masks
+    masks = logits[num_prefix:].reshape(num_blocks, rows.num_masks, -1)
+    return rows.anchors, torch.cat([logits[rows.anchors, None], masks], dim=1)
+
+
+def accepted_per_budget(tree, continuation: list[int], budgets: list[int]) -> list[int]:
+    """Tokens a greedy verify step commits (the bonus token included) for each budget m: 1 + the leading nodes of
+    the path that spells `continuation` whose rank is <= m."""
+    children = tree.children()
+    ranks = tree.ranks.tolist() if tree.ranks is not None else list(range(len(tree)))
+    path_ranks, node = [], 0
+    for token in continuation:
+        node = children[node].get(token)
+        if node is None:
+            break
+        path_ranks.append(ranks[node])
+    return [1 + sum(1 for rank in itertools.accumulate(path_ranks, max) if rank <= m) for m in budgets]
+
+
+def parse_grid(items: list[str]) -> list[dict]:
+    """["ngram_weight=0,1", "beam_width=10"] -> [{}, {"ngram_weight": 0.0}, {"ngram_weight": 1.0}, ...]: each value
+    alone, after the draft's own setting."""
+    grid = [{}]
+    for item in items:
+        name, values = item.split("=", 1)
+        for value in values.split(","):
+            grid.append({name: json.loads(value) if value not in ("beam", "topk") else value})
+    return grid
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--outputs", type=Path, required=True, help="greedy outputs: read if present, else written")
+    parser.add_argument("--draft", default="smollm2-135m-instruct-dart")
+    parser.add_argument("--skip", type=int, default=20, help="prompts of each set to pass over (bench's own)")
+    parser.add_argument("--prompts-per-set", type=int, default=12)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--grid", nargs="+", default=None, help="name=v1,v2 ... (default: DEFAULT_GRID)")
+    parser.add_argument("--combine", nargs="*", default=[], help="extra settings as one JSON object each")
+    parser.add_argument("--overhead-ms", type=float, default=8.0, help="draft + acceptance per tree step")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    if not args.outputs.exists():
+        outputs = greedy_outputs(args.skip, args.prompts_per_set, args.max_new_tokens)
+        temporary = args.outputs.with_name(args.outputs.name + ".tmp")
+        temporary.write_text(json.dumps(outputs))
+        temporary.replace(args.outputs)
+    outputs = json.loads(args.outputs.read_text())
+
+    target, _ = load_target(TARGET)
+    draft = load_draft(args.draft, target)
+    draft.eval()
+    grid = (parse_grid(args.grid) if args.grid else DEFAULT_GRID) + [json.loads(text) for text in args.combine]
+    max_budget = draft.config.tree_budget
+    budgets = [m for m in CANDIDATE_BUDGETS if m <= max_budget]
+    policies = [build_tree_policy(draft, eos_token_id=draft.config.eos_token_id, **setting) for setting in grid]
+    costs = calibrate_forward_costs(target, list(draft.config.feature_layers), max_budget + 1)
+
+    accepted = {(name, i): [] for name in outputs for i in range(len(grid))}
+    search_seconds = [0.0] * len(grid)
+    with torch.no_grad():
+        for name, rows in outputs.items():
+            for row in rows:
+                sequence = row["prompt"] + row["output"]
+                anchors, logits = level_logits(draft, target, torch.tensor([sequence]), len(row["prompt"]))
+                for anchor, anchor_logits in zip(anchors.tolist(), logits):
+                    context = torch.tensor(sequence[: anchor + 2])
+                    continuation = sequence[anchor + 2 :]
+                    for index, policy in enumerate(policies):
+                        start = time.perf_counter()
+                        tree = policy(anchor_logits, context, draft.draft_to_target)
+                        search_seconds[index] += time.perf_counter() - start
+                        accepted[name, index].append(accepted_per_budget(tree, continuation, budgets))
+            print(f"replayed {name}", flush=True)
+
+    positions = sum(len(accepted[name, 0]) for name in outputs)
+    results = {"draft": args.draft, "positions": positions, "budgets": budgets, "settings": []}
+    print(f"| setting | search ms | " + " | ".join(f"tau({m})" for m in budgets) + " | best m | predicted |")
+    print("| --- | --- | " + " | ".join("---" for _ in budgets) + " | --- | --- |")
+    for index, setting in enumerate(grid):
+        per_set = {name: np.array(accepted[name, index]).mean(axis=0) for name in outputs}
+        taus = np.concatenate([np.array(accepted[name, index]) for name in outputs]).mean(axis=0)
+        search_ms = 1000 * search_seconds[index] / positions
+        overhead = (args.overhead_ms + search_ms) / 1000
+        speeds = [tau * costs(1) / (costs(m + 1) + overhead) for tau, m in zip(taus, budgets)]
+        best = int(np.argmax(speeds))
+        set_speeds = {
+            name: max(t * costs(1) / (costs(m + 1) + overhead) for t, m in zip(per_set[name], budgets))
+            for name in outputs
+        }
+        results["settings"].append({
+            "setting": setting, "search_ms": search_ms, "tau": taus.tolist(), "best_budget": budgets[best],
+            "predicted_speed": speeds[best], "per_set_tau": {n: t.tolist() for n, t in per_set.items()},
+            "per_set_predicted_speed": set_speeds,
+        })
+        print(f"| {json.dumps(setting)} | {search_ms:.1f} | " + " | ".join(f"{t:.2f}" for t in taus)
+              + f" | {budgets[best]} | {speeds[best]:.3f} |", flush=True)
+    if args.out is not None:
+        report(results, args.out)
+
+
+if __name__ == "__main__":
+    main()
