@@ -15,7 +15,6 @@ The prompts default to each benchmark set's 21st to 32nd, so that settings chose
 """
 
 import argparse
-import itertools
 import json
 import time
 from pathlib import Path
@@ -77,18 +76,24 @@ def level_logits(draft, target, sequence: torch.Tensor, prompt_length: int) -> t
     return rows.anchors, torch.cat([logits[rows.anchors, None], masks], dim=1)
 
 
+def matching_path(tree, continuation: list[int]) -> list[int]:
+    """Node indices from the root along the branch that spells `continuation` (root included)."""
+    children = tree.children()
+    path = [0]
+    for token in continuation:
+        child = children[path[-1]].get(token)
+        if child is None:
+            break
+        path.append(child)
+    return path
+
+
 def accepted_per_budget(tree, continuation: list[int], budgets: list[int]) -> list[int]:
     """Tokens a greedy verify step commits (the bonus token included) for each budget m: 1 + the leading nodes of
-    the path that spells `continuation` whose rank is <= m."""
-    children = tree.children()
+    the path that spells `continuation` whose rank is <= m (ranks grow along a path)."""
     ranks = tree.ranks.tolist() if tree.ranks is not None else list(range(len(tree)))
-    path_ranks, node = [], 0
-    for token in continuation:
-        node = children[node].get(token)
-        if node is None:
-            break
-        path_ranks.append(ranks[node])
-    return [1 + sum(1 for rank in itertools.accumulate(path_ranks, max) if rank <= m) for m in budgets]
+    path_ranks = [ranks[node] for node in matching_path(tree, continuation)[1:]]
+    return [1 + sum(1 for rank in path_ranks if rank <= m) for m in budgets]
 
 
 def parse_grid(items: list[str]) -> list[dict]:

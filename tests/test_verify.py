@@ -54,17 +54,21 @@ def test_tree_node_logits_equal_sequential_path(arch, attn, seed):
         torch.testing.assert_close(features[node], path_features, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_compaction_keeps_exactly_the_accepted_path(seed):
+# a chain's path and a path that leaves the node order after two nodes: rows already in place are not copied
+ORDERED_TREE = Tree.from_parents([5, 6, 7, 8, 9, 10], [-1, 0, 1, 2, 1, 4])
+
+
+@pytest.mark.parametrize("seed, path", [*((seed, None) for seed in range(4)), (0, [0, 1, 2, 3]), (1, [0, 1, 4, 5])])
+def test_compaction_keeps_exactly_the_accepted_path(seed, path):
     generator = torch.Generator().manual_seed(seed)
     target = tiny_target("llama", dtype=torch.float64, seed=seed)
     prompt = torch.randint(0, 128, (1, 9), generator=generator)
-    tree = random_tree(40, generator)
+    tree = random_tree(40, generator) if path is None else ORDERED_TREE
     cache = prefilled(target, prompt)
     reference = copy.deepcopy(cache)
     forward_tree(target, tree, cache, FEATURE_LAYERS)
-    leaf = int(torch.randint(0, len(tree), (1,), generator=generator))
-    path = tree.path_to(leaf)
+    if path is None:
+        path = tree.path_to(int(torch.randint(0, len(tree), (1,), generator=generator)))
     compact_cache(cache, prompt.shape[1], path)
     target(input_ids=tree.tokens[path].unsqueeze(0), cache=reference, use_cache=True)
     assert cache.get_seq_length() == reference.get_seq_length() == prompt.shape[1] + len(path)

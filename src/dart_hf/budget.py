@@ -278,9 +278,14 @@ class AdaptiveBudget:
             has_evidence = record_budgets >= budget
             if has_evidence.sum() < self.min_evidence:
                 continue
-            tau = 1.0 + float((ranks[has_evidence] <= budget).sum(axis=1).mean())
+            tau = self.expected_tau((ranks[has_evidence] <= budget).sum(axis=1))
             estimates[budget] = (tau, (overhead + float(forward_seconds)) / tau)
         return estimates
+
+    def expected_tau(self, accepted_drafted: np.ndarray) -> float:
+        """tau from the drafted tokens that the evidence's steps would have accepted at one budget `[R]`: their
+        mean, plus the bonus token."""
+        return 1.0 + float(accepted_drafted.mean())
 
     def best(self) -> tuple[int | None, float, float]:
         """The budget with the lowest estimated seconds per token (None without evidence), that cost and its tau;

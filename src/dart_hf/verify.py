@@ -127,12 +127,16 @@ def compact_cache(cache: Cache, past_len: int, path: list[int]) -> None:
     The accepted rows move into place in each layer's `[B, H_kv, T, D]` keys and values; the rest is cut off.
     """
     new_len = past_len + len(path)
-    device = cache.layers[0].keys.device
-    kernels.compact_kv(
-        [tensor for layer in cache.layers for tensor in (layer.keys, layer.values)],
-        past_len,
-        torch.tensor(path, dtype=torch.long, device=device),
-    )
+    in_place = 0  # the leading path nodes that already sit where they belong (a chain's whole path) move nowhere
+    while in_place < len(path) and path[in_place] == in_place:
+        in_place += 1
+    if in_place < len(path):
+        device = cache.layers[0].keys.device
+        kernels.compact_kv(
+            [tensor for layer in cache.layers for tensor in (layer.keys, layer.values)],
+            past_len + in_place,
+            torch.tensor([node - in_place for node in path[in_place:]], dtype=torch.long, device=device),
+        )
     for layer in cache.layers:
         layer.keys = layer.keys[:, :, :new_len]
         layer.values = layer.values[:, :, :new_len]
