@@ -1,5 +1,6 @@
-"""Shared by the benchmark scripts: print the results and write them as JSON when asked, and the interleaved
-side-by-side run of several DART drafts against vanilla `generate`."""
+"""Shared by the benchmark scripts: print the results and write them as JSON when asked, the interleaved
+side-by-side run of several DART drafts against vanilla `generate`, and vanilla's greedy outputs that the replays
+read."""
 
 import json
 import time
@@ -78,3 +79,27 @@ def interleaved_speedups(target, tokenizer, drafts: dict, prompts_per_set: int, 
     print("overall", "  ".join(
         f"{name} {r['speedup']:.3f}x (alpha_1 {r['alpha_1']:.1%})" for name, r in results["overall"].items()))
     return results
+
+
+def greedy_outputs(path: Path, prompts_per_set: int, max_new_tokens: int, skip: int = 0) -> dict[str, list[dict]]:
+    """{set: [{"prompt": token ids, "output": token ids}]}: vanilla greedy `generate` of the packaged SmolLM2 on
+    prompts skip .. skip + prompts_per_set - 1 of each benchmark set, read from `path` if it exists, else
+    generated and written there (under a temporary name, then renamed)."""
+    if path.exists():
+        return json.loads(path.read_text())
+    from dart_hf.zoo import load_target
+
+    target, tokenizer = load_target("smollm2-135m-instruct")
+    outputs = {}
+    for name in BENCHMARK_SETS:
+        outputs[name] = []
+        for prompt in load_prompts(name, skip + prompts_per_set)[skip:]:
+            inputs = chat_inputs(tokenizer, prompt)
+            sequence = target.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)[0].tolist()
+            length = inputs["input_ids"].shape[1]
+            outputs[name].append({"prompt": sequence[:length], "output": sequence[length:]})
+        print(f"generated {name}", flush=True)
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(outputs))
+    temporary.replace(path)
+    return outputs

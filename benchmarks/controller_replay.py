@@ -125,7 +125,7 @@ def main() -> None:
     target, _ = load_target(TARGET)
     draft = load_draft(args.draft, target)
     draft.eval()
-    policy = build_tree_policy(draft, eos_token_id=draft.config.eos_token_id)
+    policy = build_tree_policy(draft)
     max_budget = draft.config.tree_budget
     costs = calibrate_forward_costs(target, list(draft.config.feature_layers), max_budget + 1)
     overheads = {"tree": args.tree_overhead_ms / 1000, "lookup": args.lookup_overhead_ms / 1000,

@@ -10,32 +10,13 @@ positions offered one, how often its first token held, and the mean number of le
 """
 
 import argparse
-import json
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+from _common import greedy_outputs
 
-from dart_hf.bench import BENCHMARK_SETS
 from dart_hf.lookup import LookupTracker, find_continuations
-
-
-def greedy_outputs(prompts_per_set: int, max_new_tokens: int) -> dict[str, list[dict]]:
-    """{set: [{"prompt": token ids, "output": token ids}]} from vanilla greedy `generate` on the packaged target."""
-    from dart_hf.bench import chat_inputs
-    from dart_hf.prompts import load_prompts
-    from dart_hf.zoo import load_target
-
-    target, tokenizer = load_target("smollm2-135m-instruct")
-    outputs = {}
-    for name in BENCHMARK_SETS:
-        outputs[name] = []
-        for prompt in load_prompts(name, prompts_per_set):
-            inputs = chat_inputs(tokenizer, prompt)
-            sequence = target.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)[0].tolist()
-            length = inputs["input_ids"].shape[1]
-            outputs[name].append({"prompt": sequence[:length], "output": sequence[length:]})
-    return outputs
 
 
 def replay(outputs: dict[str, list[dict]], max_match: int, length: int) -> dict[tuple, list[int]]:
@@ -62,12 +43,7 @@ def main() -> None:
     parser.add_argument("--max-match", type=int, default=3)
     parser.add_argument("--length", type=int, default=10)
     args = parser.parse_args()
-    if not args.outputs.exists():
-        outputs = greedy_outputs(args.prompts_per_set, args.max_new_tokens)
-        temporary = args.outputs.with_name(args.outputs.name + ".tmp")
-        temporary.write_text(json.dumps(outputs))
-        temporary.replace(args.outputs)
-    outputs = json.loads(args.outputs.read_text())
+    outputs = greedy_outputs(args.outputs, args.prompts_per_set, args.max_new_tokens)
     print("| match | occurrences disagree | occurrence | positions | first token held | mean tokens held |")
     print("| --- | --- | --- | --- | --- | --- |")
     for kind, counts in sorted(replay(outputs, args.max_match, args.length).items()):

@@ -10,7 +10,7 @@ predict for the tree steps alone: tau(m) * f(1) / (f(m + 1) + overhead), plain d
 The prompts default to each benchmark set's 21st to 32nd, so that settings chosen here are judged afterwards on
 `dart-hf bench`'s default prompts (the first 20), which this replay never reads.
 
-    python benchmarks/tree_replay.py --outputs logs/replay_greedy.json      # about 6 minutes to generate
+    python benchmarks/tree_replay.py --outputs logs/replay_greedy.json      # about 4 minutes to generate
     python benchmarks/tree_replay.py --outputs logs/replay_greedy.json --draft drafts/x --grid ngram_weight=0,1
 """
 
@@ -22,16 +22,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from _common import report
-from dart_hf.bench import BENCHMARK_SETS, chat_inputs
+from _common import greedy_outputs, report
 from dart_hf.budget import CANDIDATE_BUDGETS, calibrate_forward_costs
 from dart_hf.generation import build_tree_policy
-from dart_hf.prompts import load_prompts
 from dart_hf.training.trainer import draft_rows
 from dart_hf.zoo import load_draft, load_target
 
 TARGET = "smollm2-135m-instruct"
-# one setting changed at a time from the draft's own (the first row), then the pairs a first run singled out
+# one setting changed at a time from the draft's own (the first row)
 DEFAULT_GRID = [
     {},
     {"ngram_weight": 0.0}, {"ngram_weight": 0.25}, {"ngram_weight": 1.0}, {"ngram_weight": 2.0},
@@ -42,22 +40,6 @@ DEFAULT_GRID = [
     {"full_softmax": True}, {"ngram_at_root": True},
     {"policy": "topk"},
 ]
-
-
-def greedy_outputs(skip: int, prompts_per_set: int, max_new_tokens: int) -> dict[str, list[dict]]:
-    """{set: [{"prompt": ids, "output": ids}]}: vanilla greedy `generate` on prompts skip .. skip + n - 1 of each
-    benchmark set."""
-    target, tokenizer = load_target(TARGET)
-    outputs = {}
-    for name in BENCHMARK_SETS:
-        outputs[name] = []
-        for prompt in load_prompts(name, skip + prompts_per_set)[skip:]:
-            inputs = chat_inputs(tokenizer, prompt)
-            sequence = target.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)[0].tolist()
-            length = inputs["input_ids"].shape[1]
-            outputs[name].append({"prompt": sequence[:length], "output": sequence[length:]})
-        print(f"generated {name}", flush=True)
-    return outputs
 
 
 def level_logits(draft, target, sequence: torch.Tensor, prompt_length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,25 +97,19 @@ def main() -> None:
     parser.add_argument("--prompts-per-set", type=int, default=12)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--grid", nargs="+", default=None, help="name=v1,v2 ... (default: DEFAULT_GRID)")
-    parser.add_argument("--combine", nargs="*", default=[], help="extra settings as one JSON object each")
     parser.add_argument("--overhead-ms", type=float, default=8.0, help="draft + acceptance per tree step")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     torch.set_num_threads(2)
-    if not args.outputs.exists():
-        outputs = greedy_outputs(args.skip, args.prompts_per_set, args.max_new_tokens)
-        temporary = args.outputs.with_name(args.outputs.name + ".tmp")
-        temporary.write_text(json.dumps(outputs))
-        temporary.replace(args.outputs)
-    outputs = json.loads(args.outputs.read_text())
+    outputs = greedy_outputs(args.outputs, args.prompts_per_set, args.max_new_tokens, skip=args.skip)
 
     target, _ = load_target(TARGET)
     draft = load_draft(args.draft, target)
     draft.eval()
-    grid = (parse_grid(args.grid) if args.grid else DEFAULT_GRID) + [json.loads(text) for text in args.combine]
+    grid = parse_grid(args.grid) if args.grid else DEFAULT_GRID
     max_budget = draft.config.tree_budget
     budgets = [m for m in CANDIDATE_BUDGETS if m <= max_budget]
-    policies = [build_tree_policy(draft, eos_token_id=draft.config.eos_token_id, **setting) for setting in grid]
+    policies = [build_tree_policy(draft, **setting) for setting in grid]
     costs = calibrate_forward_costs(target, list(draft.config.feature_layers), max_budget + 1)
 
     accepted = {(name, i): [] for name in outputs for i in range(len(grid))}
@@ -162,19 +138,22 @@ def main() -> None:
         taus = np.concatenate([np.array(accepted[name, index]) for name in outputs]).mean(axis=0)
         search_ms = 1000 * search_seconds[index] / positions
         overhead = (args.overhead_ms + search_ms) / 1000
-        speeds = [tau * costs(1) / (costs(m + 1) + overhead) for tau, m in zip(taus, budgets)]
-        best = int(np.argmax(speeds))
-        set_speeds = {
-            name: max(t * costs(1) / (costs(m + 1) + overhead) for t, m in zip(per_set[name], budgets))
-            for name in outputs
-        }
+
+        def best_speed(set_taus: np.ndarray) -> tuple[int, float]:
+            """(budget, predicted speed over plain decoding) of the fastest budget for these tau(m)."""
+            speeds = [tau * costs(1) / (costs(m + 1) + overhead) for tau, m in zip(set_taus, budgets)]
+            best = int(np.argmax(speeds))
+            return budgets[best], speeds[best]
+
+        best_budget, speed = best_speed(taus)
+        set_speeds = {name: best_speed(set_taus)[1] for name, set_taus in per_set.items()}
         results["settings"].append({
-            "setting": setting, "search_ms": search_ms, "tau": taus.tolist(), "best_budget": budgets[best],
-            "predicted_speed": speeds[best], "per_set_tau": {n: t.tolist() for n, t in per_set.items()},
+            "setting": setting, "search_ms": search_ms, "tau": taus.tolist(), "best_budget": best_budget,
+            "predicted_speed": speed, "per_set_tau": {n: t.tolist() for n, t in per_set.items()},
             "per_set_predicted_speed": set_speeds,
         })
         print(f"| {json.dumps(setting)} | {search_ms:.1f} | " + " | ".join(f"{t:.2f}" for t in taus)
-              + f" | {budgets[best]} | {speeds[best]:.3f} |", flush=True)
+              + f" | {best_budget} | {speed:.3f} |", flush=True)
     if args.out is not None:
         report(results, args.out)
 

@@ -134,20 +134,24 @@ def tree_paths(tree: Tree) -> set:
     return {tuple(int(tree.tokens[n]) for n in tree.path_to(node)[1:]) for node in range(1, len(tree))}
 
 
+def random_search_inputs(seed: int, vocab: int = 40) -> tuple[NgramTable, torch.Tensor, torch.Tensor]:
+    """An N-gram table over random documents (EOS = 3), draft logits `[8, vocab]` and a context `[5]`."""
+    rng = np.random.default_rng(seed)
+    documents = [rng.integers(0, vocab, rng.integers(5, 60)) for _ in range(300)]
+    table = NgramTable.from_sequences(documents, vocab_size=vocab, eos_token_id=3, progress=False)
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(8, vocab, generator=generator) * 2
+    return table, logits, torch.randint(0, vocab, (5,), generator=generator)
+
+
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("variant", ["reference", "paper"])
 def test_beam_search_equals_loop_reference(seed, variant):
-    rng = np.random.default_rng(seed)
-    vocab = 40
-    documents = [rng.integers(0, vocab, rng.integers(5, 60)) for _ in range(300)]
-    table = NgramTable.from_sequences(documents, vocab_size=vocab, eos_token_id=3, progress=False)
+    table, logits, context = random_search_inputs(seed)
     paper = variant == "paper"
     policy = BeamSearchTreePolicy(
         budget=30, top_k=6, beam_width=5, ngram=table, eos_token_ids=(3,), ngram_at_root=paper, full_softmax=paper
     )
-    generator = torch.Generator().manual_seed(seed)
-    logits = torch.randn(8, vocab, generator=generator) * 2
-    context = torch.randint(0, vocab, (5,), generator=generator)
     tree = policy(logits, context, lambda ids: ids)
     expected = reference_beam_search(logits, context, policy)
     assert len(tree) == 31 and tree_paths(tree) == set(expected)
@@ -158,13 +162,7 @@ def test_beam_search_equals_loop_reference(seed, variant):
 @pytest.mark.parametrize("seed", range(3))
 def test_beam_search_small_budgets_equal_the_full_beam_search(seed):
     """Below `beam_width` the search runs `budget` beams over `budget` levels: the tree must not change."""
-    rng = np.random.default_rng(seed)
-    vocab = 40
-    documents = [rng.integers(0, vocab, rng.integers(5, 60)) for _ in range(300)]
-    table = NgramTable.from_sequences(documents, vocab_size=vocab, eos_token_id=3, progress=False)
-    generator = torch.Generator().manual_seed(seed)
-    logits = torch.randn(8, vocab, generator=generator) * 2
-    context = torch.randint(0, vocab, (5,), generator=generator)
+    table, logits, context = random_search_inputs(seed)
     for budget in range(1, 12):
         policy = BeamSearchTreePolicy(budget=budget, top_k=6, beam_width=12, ngram=table, eos_token_ids=(3,))
         tree = policy(logits, context, lambda ids: ids)
