@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from _helpers import char_tokenizer, prompts, tiny_target
@@ -14,10 +15,16 @@ from dart_hf.cli import main
 from dart_hf.training import load_examples, self_distill
 
 
-def test_self_distill_and_train_commands(tmp_path):
+def saved_target(folder: Path):
+    """A tiny random Llama and a character tokenizer saved in `folder`, as `--target` reads them."""
     target = tiny_target("llama", seed=7)
-    target.save_pretrained(tmp_path / "target")
-    char_tokenizer().save_pretrained(tmp_path / "target")
+    target.save_pretrained(folder)
+    char_tokenizer().save_pretrained(folder)
+    return target
+
+
+def test_self_distill_and_train_commands(tmp_path):
+    target = saved_target(tmp_path / "target")
     conversations = [{"messages": [{"role": "user", "content": f"say {word}"}]} for word in "abcdefghij"]
     (tmp_path / "prompts.jsonl").write_text("\n".join(json.dumps(c) for c in conversations) + "\n")
     common = ["self-distill", "--target", str(tmp_path / "target"), str(tmp_path / "prompts.jsonl"),
@@ -67,3 +74,36 @@ def test_torchrun_two_ranks_agree_on_the_weights(tmp_path):
     initial = DartDraftModel.from_target(target, feature_norm=True)  # the ranks' starting point
     assert ranks[0]["checksums"]["fc.weight"] != float(initial.fc.weight.detach().double().sum())  # it trained
     assert len(ranks[0]["losses"]) == 5
+
+
+def test_train_with_a_bfloat16_teacher(tmp_path):
+    target = saved_target(tmp_path / "target")
+    torch.manual_seed(0)
+    DartDraftModel.from_target(target).save_pretrained(tmp_path / "init")  # both runs start from these weights
+    examples = [{"id": i, "prompt_ids": [5 + i, 9, 12], "response_ids": [20 + (i + j) % 30 for j in range(16)]}
+                for i in range(8)]
+    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(e) for e in examples) + "\n")
+    config = {
+        "target": str(tmp_path / "target"), "train_files": [str(tmp_path / "train.jsonl")],
+        "init_draft": str(tmp_path / "init"), "max_steps": 2, "per_device_train_batch_size": 4,
+        "learning_rate": 1e-3, "report_to": "none", "use_cpu": True, "save_strategy": "no", "logging_steps": 1,
+    }
+    losses = {}
+    for dtype in ("float32", "bfloat16"):
+        output = tmp_path / dtype
+        (tmp_path / "train.json").write_text(json.dumps({**config, "output_dir": str(output), "target_dtype": dtype}))
+        main(["train", str(tmp_path / "train.json")])
+        history = json.loads((output / "trainer_state.json").read_text())["log_history"]
+        losses[dtype] = [entry["loss"] for entry in history if "loss" in entry]
+    # the same batches and anchors: the bfloat16 teacher's loss is the float32 one's up to rounding
+    assert len(losses["bfloat16"]) == 2 and losses["float32"][0] > 0
+    assert losses["bfloat16"][0] == pytest.approx(losses["float32"][0], rel=0.05)
+    draft = DartDraftModel.from_pretrained(tmp_path / "bfloat16", target=target)
+    assert draft.dtype == torch.float32  # the draft itself trained in float32
+    prompt = prompts(1)[0]  # and it serves the float32 target losslessly
+    assert torch.equal(target.generate(prompt, max_new_tokens=24, assistant_model=draft),
+                       target.generate(prompt, max_new_tokens=24, do_sample=False))
+
+    (tmp_path / "bad.json").write_text(json.dumps({**config, "output_dir": str(tmp_path / "bad"), "target_dtype": "bf16"}))
+    with pytest.raises(ValueError, match="--target_dtype must be float32, bfloat16 or float16"):
+        main(["train", str(tmp_path / "bad.json")])

@@ -61,6 +61,14 @@ class DartTrainingArguments:
         },
     )
     feature_cache_dtype: str = field(default="bfloat16", metadata={"help": "dtype of the feature cache"})
+    target_dtype: str = field(
+        default="float32",
+        metadata={
+            "help": "dtype the frozen target (the teacher) runs in: 'float32', or 'bfloat16' for teacher forwards "
+            "several times faster where the hardware multiplies bfloat16 natively (GPUs; CPUs with AVX512-BF16 or "
+            "AMX); the draft itself trains in float32 either way"
+        },
+    )
     training_attention: str = field(
         default="auto",
         metadata={
