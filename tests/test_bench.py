@@ -61,6 +61,19 @@ def test_methods_run_in_reverse_order_on_every_other_prompt(monkeypatch):
     assert timed == ["vanilla", "lookup", "dart", "dart", "lookup", "vanilla", "vanilla", "lookup", "dart"]
 
 
+def test_speedups_are_per_new_token_and_a_sampled_run_has_no_greedy_check():
+    # sampled outputs may end at different lengths: half the time for half the tokens is no speedup
+    vanilla = bench.MethodResult(seconds=[2.0, 2.0], tokens=[10, 10])
+    dart = bench.MethodResult(seconds=[1.0, 1.0], tokens=[5, 5], taus=[1.5, 1.5], verify_steps=4)
+    summary = bench.summarise({"set-a": {"vanilla": vanilla, "dart": dart}}, sampled=True)
+    row = summary["set-a"]["dart"]
+    assert row["speedup_total"] == 1.0 and row["speedup_median"] == 1.0 and row["speedup_total_ci95"] == [1.0, 1.0]
+    assert row["greedy_mismatches"] is None and row["tokens"] == [5, 5]
+    greedy = bench.summarise({"set-a": {"vanilla": vanilla, "dart": bench.MethodResult(
+        seconds=[1.0, 1.0], tokens=[10, 10], verify_steps=4)}})["overall"]["dart"]
+    assert greedy["speedup_total"] == 2.0 and greedy["greedy_mismatches"] == 0
+
+
 def test_bootstrap_interval_holds_the_estimate_and_widens_with_noise():
     assert bench.bootstrap_interval([2.0] * 10, [1.0] * 10) == [2.0, 2.0]  # no spread, no uncertainty
     rng = random.Random(0)

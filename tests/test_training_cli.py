@@ -34,6 +34,9 @@ def test_self_distill_and_train_commands(tmp_path):
     main(common)  # resumes: only the 4 missing prompts are generated
     lines = (tmp_path / "train.jsonl").read_text().strip().split("\n")
     assert len(lines) == 10 and sorted(json.loads(line)["id"] for line in lines) == list(range(10))
+    bfloat16 = [*common[: common.index("--output")], "--output", str(tmp_path / "bf16.jsonl"), *common[-4:]]
+    main(bfloat16 + ["--limit", "2", "--dtype", "bfloat16"])  # the target generates in bfloat16
+    assert [len(e["response_ids"]) > 0 for e in load_examples([tmp_path / "bf16.jsonl"])] == [True, True]
 
     replies = [{"prompt": f"repeat {w}", "response": w * 5} for w in "klmnopqrst"]
     (tmp_path / "replies.json").write_text(json.dumps(replies))

@@ -1,14 +1,17 @@
 """The benchmark harness: DART against vanilla `generate` and prompt-lookup decoding, side by side.
 
 Methods run interleaved prompt by prompt (the same prompts, the same process, the order reversed on every other
-prompt), so machine noise hits all of them alike. Speed is reported as ratios to vanilla float32 `generate`: the
-median of per-prompt ratios and the total-time ratio. Every greedy DART output is checked against vanilla's,
-and the draft's teacher-forced agreement with vanilla's greedy output (alpha_k) is reported per set. Each
+prompt), so machine noise hits all of them alike. Speed is reported as ratios to vanilla float32 `generate`'s
+seconds per new token: the median of per-prompt ratios and the total-time ratio (greedy outputs are the same
+tokens for every method, so these are plain time ratios; sampled ones may end at different lengths). Every
+greedy DART output is checked against vanilla's, and the draft's teacher-forced agreement with vanilla's
+greedy output (alpha_k) is reported per set. Each
 method first runs once untimed on a prompt of its own (first-call setup and DART's one-time cost calibration
 stay out of the timings).
 
     dart-hf bench --draft smollm2-135m-instruct-dart            # 20 prompts per set, 32 new tokens, greedy
     dart-hf bench --draft smollm2-135m-instruct-dart --quick    # 2 prompts per set
+    dart-hf bench --draft smollm2-135m-instruct-dart --sample   # T=1: no greedy check, no alpha
 """
 
 from __future__ import annotations
@@ -158,12 +161,13 @@ def run_benchmark(
             hits, rows = greedy_agreement(draft, target, reference, inputs["input_ids"].shape[1])
             for method in dart_methods:
                 per_method[method].add_alpha(hits, rows)
-    return summarise(results)
+    return summarise(results, sampled=do_sample)
 
 
-def summarise(results: dict[str, dict[str, MethodResult]]) -> dict:
-    """Per set and overall: prompts, tokens/s, speedups over vanilla (median of per-prompt ratios, total time), and
-    for DART methods tau, time split, greedy mismatches, plain-decoding share and chosen budget."""
+def summarise(results: dict[str, dict[str, MethodResult]], sampled: bool = False) -> dict:
+    """Per set and overall: prompts, tokens/s, speedups over vanilla in seconds per new token (median of per-prompt
+    ratios, total), and for DART methods tau, time split, greedy mismatches (None for a `sampled` run, which has
+    no greedy output to compare), plain-decoding share and chosen budget."""
     summary = {}
     for set_name, per_method in list(results.items()) + [("overall", _merge(results))]:
         vanilla = per_method.get("vanilla")
@@ -174,16 +178,20 @@ def summarise(results: dict[str, dict[str, MethodResult]]) -> dict:
                 "tokens_per_second": sum(result.tokens) / max(sum(result.seconds), 1e-9),
             }
             if vanilla is not None:
-                ratios = [v / s for v, s in zip(vanilla.seconds, result.seconds)]
+                ratios = [(v / max(vt, 1)) / max(s / max(t, 1), 1e-9)
+                          for v, vt, s, t in zip(vanilla.seconds, vanilla.tokens, result.seconds, result.tokens)]
                 row["speedup_median"] = statistics.median(ratios)
-                row["speedup_total"] = sum(vanilla.seconds) / max(sum(result.seconds), 1e-9)
-                row["speedup_total_ci95"] = bootstrap_interval(vanilla.seconds, result.seconds)
+                row["speedup_total"] = float(speedup(vanilla.seconds, result.seconds, vanilla.tokens, result.tokens))
+                row["speedup_total_ci95"] = bootstrap_interval(
+                    vanilla.seconds, result.seconds, vanilla.tokens, result.tokens
+                )
                 row["seconds"] = result.seconds
+                row["tokens"] = result.tokens
             if result.verify_steps or result.plain_steps:
                 row["tau"] = statistics.fmean(result.taus) if result.taus else 1.0
                 total = sum(result.split.values())
                 row["time_split"] = {part: value / total for part, value in result.split.items()} if total else {}
-                row["greedy_mismatches"] = result.mismatches
+                row["greedy_mismatches"] = None if sampled else result.mismatches
                 row["plain_fraction"] = result.plain_steps / (result.plain_steps + result.verify_steps)
                 row["lookup_fraction"] = result.lookup_steps / (result.plain_steps + result.verify_steps)
                 row["budget_chosen"] = statistics.median(result.budgets) if result.budgets else 0
@@ -194,14 +202,34 @@ def summarise(results: dict[str, dict[str, MethodResult]]) -> dict:
     return summary
 
 
+def speedup(
+    base_seconds, method_seconds, base_tokens: list[int] | None = None, method_tokens: list[int] | None = None
+) -> float:
+    """Total seconds per new token of the base over the method's, summed over prompts (`[P]` each, or `[R, P]`
+    for R resamples at once: then `[R]`); without token counts, the ratio of total seconds."""
+    base = np.sum(base_seconds, axis=-1)
+    method = np.maximum(np.sum(method_seconds, axis=-1), 1e-9)
+    if base_tokens is not None:
+        base = base / np.maximum(np.sum(base_tokens, axis=-1), 1)
+        method = method / np.maximum(np.sum(method_tokens, axis=-1), 1)
+    return base / method
+
+
 def bootstrap_interval(
-    numerators: list[float], denominators: list[float], resamples: int = 2000, seed: int = 0
+    numerators: list[float],
+    denominators: list[float],
+    numerator_tokens: list[int] | None = None,
+    denominator_tokens: list[int] | None = None,
+    resamples: int = 2000,
+    seed: int = 0,
 ) -> list[float]:
-    """95% bootstrap interval of sum(numerators) / sum(denominators), resampling the prompts (pairs) with
-    replacement: how far a set's total-time speedup could move on other prompts of the same kind."""
-    numerators, denominators = np.asarray(numerators, dtype=float), np.asarray(denominators, dtype=float)
+    """95% bootstrap interval of `speedup(numerators, denominators, ...)` (the vanilla and the method seconds per
+    prompt, with their new tokens), resampling the prompts with replacement: how far a set's total-time speedup
+    could move on other prompts of the same kind."""
     picks = np.random.default_rng(seed).integers(0, len(numerators), size=(resamples, len(numerators)))
-    ratios = numerators[picks].sum(axis=1) / np.maximum(denominators[picks].sum(axis=1), 1e-9)
+    tokens = () if numerator_tokens is None else (np.asarray(numerator_tokens)[picks],
+                                                  np.asarray(denominator_tokens)[picks])
+    ratios = speedup(np.asarray(numerators, dtype=float)[picks], np.asarray(denominators, dtype=float)[picks], *tokens)
     return np.percentile(ratios, [2.5, 97.5]).tolist()
 
 
