@@ -27,15 +27,17 @@ def test_self_distill_and_train_commands(tmp_path):
     target = saved_target(tmp_path / "target")
     conversations = [{"messages": [{"role": "user", "content": f"say {word}"}]} for word in "abcdefghij"]
     (tmp_path / "prompts.jsonl").write_text("\n".join(json.dumps(c) for c in conversations) + "\n")
-    common = ["self-distill", "--target", str(tmp_path / "target"), str(tmp_path / "prompts.jsonl"),
-              "--output", str(tmp_path / "train.jsonl"), "--max-new-tokens", "24", "--batch-size", "4"]
+    def distill(output: str) -> list[str]:
+        return ["self-distill", "--target", str(tmp_path / "target"), str(tmp_path / "prompts.jsonl"),
+                "--output", str(tmp_path / output), "--max-new-tokens", "24", "--batch-size", "4"]
+
+    common = distill("train.jsonl")
     main(common + ["--limit", "6"])
     assert len(load_examples([tmp_path / "train.jsonl"])) == 6
     main(common)  # resumes: only the 4 missing prompts are generated
     lines = (tmp_path / "train.jsonl").read_text().strip().split("\n")
     assert len(lines) == 10 and sorted(json.loads(line)["id"] for line in lines) == list(range(10))
-    bfloat16 = [*common[: common.index("--output")], "--output", str(tmp_path / "bf16.jsonl"), *common[-4:]]
-    main(bfloat16 + ["--limit", "2", "--dtype", "bfloat16"])  # the target generates in bfloat16
+    main(distill("bf16.jsonl") + ["--limit", "2", "--dtype", "bfloat16"])  # the target generates in bfloat16
     assert [len(e["response_ids"]) > 0 for e in load_examples([tmp_path / "bf16.jsonl"])] == [True, True]
 
     replies = [{"prompt": f"repeat {w}", "response": w * 5} for w in "klmnopqrst"]

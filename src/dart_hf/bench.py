@@ -178,8 +178,8 @@ def summarise(results: dict[str, dict[str, MethodResult]], sampled: bool = False
                 "tokens_per_second": sum(result.tokens) / max(sum(result.seconds), 1e-9),
             }
             if vanilla is not None:
-                ratios = [(v / max(vt, 1)) / max(s / max(t, 1), 1e-9)
-                          for v, vt, s, t in zip(vanilla.seconds, vanilla.tokens, result.seconds, result.tokens)]
+                ratios = [float(speedup([v], [s], [vt], [t]))
+                          for v, s, vt, t in zip(vanilla.seconds, result.seconds, vanilla.tokens, result.tokens)]
                 row["speedup_median"] = statistics.median(ratios)
                 row["speedup_total"] = float(speedup(vanilla.seconds, result.seconds, vanilla.tokens, result.tokens))
                 row["speedup_total_ci95"] = bootstrap_interval(

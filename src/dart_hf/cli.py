@@ -136,8 +136,6 @@ def train_command(argv: list[str]) -> None:
         dart_args, training_args = parser.parse_args_into_dataclasses(argv)
     training_args.remove_unused_columns = False  # the collator's loss_mask is not a forward() argument
 
-    if dart_args.target_dtype not in ("float32", "bfloat16", "float16"):
-        raise ValueError(f"--target_dtype must be float32, bfloat16 or float16, got {dart_args.target_dtype!r}.")
     target, tokenizer = load_target(dart_args.target, dtype=getattr(torch, dart_args.target_dtype))
     train_examples = load_examples(dart_args.train_files)
     if dart_args.existing_files:

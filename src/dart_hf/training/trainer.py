@@ -80,6 +80,10 @@ class DartTrainingArguments:
         default=None, metadata={"help": "stop after this many evaluations without a better held-out chain tau"}
     )
 
+    def __post_init__(self):
+        if self.target_dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"--target_dtype must be float32, bfloat16 or float16, got {self.target_dtype!r}.")
+
 
 class DartTrainer(Trainer):
     """`Trainer` whose model is a DART draft bound to `target`; the loss is the prefix-shared gamma-weighted KL.
