@@ -8,7 +8,7 @@ from transformers import TrainingArguments
 from _helpers import prompts, tiny_target
 from dart_hf import DartDraftModel
 from dart_hf.training import DartDataCollator, DartTrainer, dart_loss, evaluate_draft, prefix_shared_layout, self_distill
-from dart_hf.training.trainer import draft_rows, greedy_agreement
+from dart_hf.training.trainer import chain_lengths_of, draft_rows, greedy_agreement
 
 
 def brute_force_layout(num_prefix, anchors, num_masks):
@@ -93,6 +93,37 @@ def test_rows_are_aligned_with_the_target_and_weighted_by_gamma(tmp_path):
         anchors += int(rows.depths[b, r]) == 0
     got = float(dart_loss(rows.draft_logits[valid], rows.target_logits[valid], weights[valid]))
     assert got == pytest.approx(by_hand / anchors, rel=1e-6)
+
+
+def test_supervised_rows_only_give_the_same_loss_gradients_and_agreement(tmp_path):
+    target = tiny_target("llama", dtype=torch.float64, seed=3)
+    draft = DartDraftModel.from_target(target).double()
+    examples = make_examples(target, 4, seed=8, tmp_path=tmp_path, new_tokens=10)
+    examples[0]["prompt_ids"] = examples[0]["prompt_ids"] * 4  # a long prompt: many unsupervised rows
+    batch = DartDataCollator()(examples)
+    results = {}
+    for supervised_only in (False, True):
+        torch.manual_seed(0)  # the same anchors
+        rows = draft_rows(draft, target, batch, num_anchors=6, supervised_only=supervised_only)
+        weights = torch.where(rows.valid, 0.6 ** rows.depths.double(), 0.0)
+        loss = dart_loss(rows.draft_logits[rows.valid], rows.target_logits[rows.valid], weights[rows.valid])
+        draft.zero_grad()
+        loss.backward()
+        grads = [p.grad.clone() for p in draft.parameters() if p.grad is not None]
+        hits = draft.draft_to_target(rows.draft_logits.argmax(-1)) == rows.target_logits.argmax(-1)
+        results[supervised_only] = loss.detach(), grads, rows, hits[rows.valid]
+    (all_loss, all_grads, all_rows, all_hits), (kept_loss, kept_grads, kept_rows, kept_hits) = results.values()
+    assert kept_rows.rows is not None and all_rows.rows is None
+    assert kept_rows.draft_logits.shape[1] < all_rows.draft_logits.shape[1]  # fewer rows computed
+    assert int(kept_rows.valid.sum()) == int(all_rows.valid.sum())
+    torch.testing.assert_close(kept_rows.draft_logits, all_rows.draft_logits[:, kept_rows.rows], rtol=0, atol=1e-10)
+    torch.testing.assert_close(kept_rows.target_logits, all_rows.target_logits[:, kept_rows.rows], rtol=0, atol=1e-10)
+    torch.testing.assert_close(kept_loss, all_loss, rtol=1e-10, atol=0)
+    for kept, full in zip(kept_grads, all_grads, strict=True):
+        torch.testing.assert_close(kept, full, rtol=1e-8, atol=1e-12)
+    assert torch.equal(kept_hits, all_hits)
+    with pytest.raises(ValueError, match="supervised_only"):
+        chain_lengths_of(kept_hits, kept_rows)
 
 
 def test_training_lowers_the_loss_lifts_alpha_and_tau_and_stays_lossless(tmp_path):

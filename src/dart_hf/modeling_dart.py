@@ -378,7 +378,7 @@ class DartDraftModel(DartPreTrainedModel):
         cache: Cache | None = None,
         num_masks: int | None = None,
         attention_mask: torch.Tensor | None = None,
-        logits_to_keep: int | None = None,
+        logits_to_keep: int | torch.Tensor | None = None,
     ) -> DartDraftOutput:
         r"""
         target_hidden_states: `[B, T, 3H]`, the three feature layers of the target at T new real positions,
@@ -388,7 +388,8 @@ class DartDraftModel(DartPreTrainedModel):
         position_ids: `[B, T + M]`; default: the real rows continue after the cache, mask rows after them.
         num_masks: M mask rows appended after the real rows; default `draft_length - 1`.
         attention_mask: optional additive float mask `[B or 1, 1, T + M, P + T + M]`; default causal.
-        logits_to_keep: how many trailing rows get the MLP and the head; default `num_masks + 1`, 0 keeps all.
+        logits_to_keep: how many trailing rows get the MLP and the head; default `num_masks + 1`, 0 keeps all; or a
+            1D tensor of the row indices `[K]` that get them (training computes logits only where the loss reads).
 
         Returns logits `[B, R, V_d]` (R = kept rows) and the cache, which now also holds the M mask rows: crop them
         (`cache.crop(-M)`) before the next step.
@@ -423,7 +424,9 @@ class DartDraftModel(DartPreTrainedModel):
         position_embeddings = self.rotary_emb(rows, position_ids)
 
         hidden = residual + layer.self_attn(rows, position_embeddings, attention_mask, cache)
-        if logits_to_keep > 0:
+        if isinstance(logits_to_keep, torch.Tensor):  # the MLP and the head are per row: other rows' attention
+            hidden = hidden[:, logits_to_keep]  # inputs are computed above, so skipping them here changes nothing
+        elif logits_to_keep > 0:
             hidden = hidden[:, -logits_to_keep:]
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         logits = self.lm_head(self.norm(hidden))

@@ -8,6 +8,7 @@ the soft labels online for every batch: no hidden-state dump is needed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from inspect import signature
 
 import torch
 from transformers import PreTrainedModel, Trainer
@@ -131,7 +132,8 @@ class DartTrainer(Trainer):
         """The prefix-shared gamma-weighted KL of one batch (and the per-depth agreement for the logs)."""
         draft = self.accelerator.unwrap_model(model)
         rows = draft_rows(
-            draft, self.target, inputs, self.anchors_per_sequence, forward=model, attention=self.training_attention
+            draft, self.target, inputs, self.anchors_per_sequence, forward=model, attention=self.training_attention,
+            supervised_only=True,
         )
         weights = torch.where(rows.valid, self.gamma ** rows.depths.to(rows.draft_logits.dtype), 0.0)
         vocab_ids = draft_vocabulary(draft)
@@ -174,7 +176,8 @@ class DartTrainer(Trainer):
 class DraftRows:
     """Per layout row, for a batch: draft logits `[B, R, V_d]`, the target's logits for the token the row
     predicts `[B, R, V]`, that token `[B, R]`, its depth `[B, R]` and whether it is a supervised response token;
-    the anchor rows `[A]` of the mask blocks and the block size."""
+    the anchor rows `[A]` of the mask blocks and the block size. With `rows` (the layout row indices `[K]`), only
+    those rows are here (R = K): the rows some example of the batch supervises."""
 
     draft_logits: torch.Tensor
     target_logits: torch.Tensor
@@ -183,6 +186,7 @@ class DraftRows:
     valid: torch.Tensor
     anchors: torch.Tensor
     num_masks: int
+    rows: torch.Tensor | None = None
 
 
 def draft_rows(
@@ -192,27 +196,19 @@ def draft_rows(
     num_anchors: int | None,
     forward=None,
     attention: str = "dense",
+    supervised_only: bool = False,
 ) -> "DraftRows":
     """Run the frozen target and the draft (prefix-shared layout) over a batch.
 
     num_anchors: mask blocks per batch, sampled among positions whose next-but-one token is a response token;
     None uses every such position. forward: the (possibly DDP-wrapped) draft to call. attention: "dense" (an
     additive `[R, R]` mask) or "flex" (a FlexAttention block mask); both compute the same rows.
+    supervised_only: compute logits (the draft's and the target's) only for the rows that some example of the
+    batch supervises, which is all the loss reads: prompt rows still feed the draft's attention, but skip its MLP
+    and both output layers (most of a step for long prompts such as news articles).
     """
     forward = forward if forward is not None else draft
     input_ids, attention_mask, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
-    layers = list(draft.config.feature_layers)
-    with torch.no_grad():
-        if "target_features" in batch:  # from a feature cache: only the output layer runs
-            features = batch["target_features"]
-            head = target.get_output_embeddings()
-            target_logits = head(batch["target_last_hidden"].to(head.weight.dtype))
-        else:
-            outputs, features = forward_with_features(
-                target, layers, input_ids=input_ids, attention_mask=attention_mask
-            )
-            target_logits = outputs.logits
-
     seq_len = input_ids.shape[1]
     num_prefix = seq_len - 1  # prefix row j pairs h_j with the embedding of x_{j+1}
     num_masks = draft.config.draft_length - 1
@@ -221,34 +217,53 @@ def draft_rows(
         candidates = candidates[torch.randperm(len(candidates), device=candidates.device)[:num_anchors]].sort().values
     layout = prefix_shared_layout(num_prefix, candidates.cpu(), num_masks)
     device = input_ids.device
-    batch_size = input_ids.shape[0]
+    targets = layout.targets.to(device)  # [R], the position of the token each row predicts
+    valid = (targets < seq_len) & loss_mask[:, targets.clamp(max=seq_len - 1)]  # [B, R]
+    rows = valid.any(dim=0).nonzero().flatten() if supervised_only else None  # [K]
+    if rows is not None:
+        targets, valid = targets[rows], valid[:, rows]
+    safe = targets.clamp(max=seq_len - 1)
+    # the target's logits at position p label the rows that predict the token at p + 1
+    label_positions, label_index = torch.unique(safe - 1, return_inverse=True)  # [P], [R or K]
+
+    layers = list(draft.config.feature_layers)
+    with torch.no_grad():
+        if "target_features" in batch:  # from a feature cache: only the output layer runs
+            features = batch["target_features"]
+            head = target.get_output_embeddings()
+            target_logits = head(batch["target_last_hidden"][:, label_positions].to(head.weight.dtype))
+        else:
+            keep = {"logits_to_keep": label_positions} if "logits_to_keep" in signature(target.forward).parameters else {}
+            outputs, features = forward_with_features(
+                target, layers, input_ids=input_ids, attention_mask=attention_mask, **keep
+            )
+            target_logits = outputs.logits if keep else outputs.logits[:, label_positions]
+
     if attention == "flex":
         mask = layout.block_mask(device)
     elif attention == "dense":
         mask = layout.additive_mask(draft.dtype).to(device)
     else:
         raise ValueError(f"attention must be 'dense' or 'flex', got {attention!r}.")
+    batch_size = input_ids.shape[0]
     draft_logits = forward(
         target_hidden_states=features[:, :num_prefix],
         input_ids=input_ids[:, 1:],
         position_ids=layout.position_ids.to(device).expand(batch_size, -1),
         num_masks=len(candidates) * num_masks,
         attention_mask=mask,
-        logits_to_keep=0,
+        logits_to_keep=rows if rows is not None else 0,
     ).logits
-
-    targets = layout.targets.to(device)
-    in_range = targets < seq_len
-    safe = targets.clamp(max=seq_len - 1)
-    valid = in_range & loss_mask[:, safe]
+    depths = layout.depths.to(device)
     return DraftRows(
         draft_logits=draft_logits,
-        target_logits=target_logits[:, safe - 1],
+        target_logits=target_logits[:, label_index],
         target_tokens=input_ids[:, safe],
-        depths=layout.depths.to(device).expand(batch_size, -1),
+        depths=(depths[rows] if rows is not None else depths).expand(batch_size, -1),
         valid=valid,
         anchors=candidates,
         num_masks=num_masks,
+        rows=rows,
     )
 
 
@@ -319,7 +334,9 @@ def greedy_agreement(
 
 def chain_lengths_of(hit: torch.Tensor, rows: DraftRows) -> list[int]:
     """For every anchor whose real row and whole mask block are supervised: 1 + its count of leading correct
-    depths. hit: `[B, R]` bool."""
+    depths. hit: `[B, R]` bool, over every layout row (`draft_rows` without `supervised_only`)."""
+    if rows.rows is not None:
+        raise ValueError("chain_lengths_of needs every layout row: call draft_rows without supervised_only.")
     batch_size, num_blocks = hit.shape[0], len(rows.anchors)
     num_prefix = hit.shape[1] - num_blocks * rows.num_masks
     chain_hit = torch.cat(
