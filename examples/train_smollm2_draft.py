@@ -32,6 +32,7 @@ BENCHLIKE_SAMPLES = [
     {"open-ended": 1193, "xsum": 120},  # round 5: every open-ended prompt (the kind MT-Bench and AlpacaEval ask)
     {"math-train": 480, "xsum": 240},  # round 6: news for CNN/DailyMail, the weakest set, and more MATH problems
     {"xsum": 440, "math-train": 480},  # round 7: every remaining XSum article (news pays most per reply) and MATH
+    {"math-train": 960},  # round 8: more MATH problems (about 1,800 remain)
 ]
 # `--with-references`: the sets that ship an answer to each prompt (MATH's worked solutions, the standard library
 # functions' own source), used as they are with the target's distributions on them as labels (no generation)
