@@ -35,14 +35,16 @@ def main() -> None:
 
     kwargs = dict(max_new_tokens=args.max_new_tokens, do_sample=args.sample, pad_token_id=tokenizer.pad_token_id)
     warm_up = chat_inputs(tokenizer, "Hello there")
-    target.generate(**warm_up, assistant_model=draft, tree_options={"lookup_length": 0}, **kwargs)  # first-call setup and calibration, untimed
+    no_lookup = {"lookup_length": 0}
+    # first-call setup and calibration, untimed
+    target.generate(**warm_up, assistant_model=draft, tree_options=no_lookup, **kwargs)
     prompts = [p for name in (args.set or ["mbpp"]) for p in load_prompts(name, args.prompts)]
     seconds = {"vanilla": [], "dart": []}
     for index, prompt in enumerate(prompts * args.repeats):
         inputs = chat_inputs(tokenizer, prompt)
         outputs = {}
         for method in ("vanilla", "dart") if index % 2 == 0 else ("dart", "vanilla"):
-            extra = {"assistant_model": draft, "tree_options": {"lookup_length": 0}} if method == "dart" else {}
+            extra = {"assistant_model": draft, "tree_options": no_lookup} if method == "dart" else {}
             torch.manual_seed(index)  # sampling: the same random stream for both methods of a pair
             start = time.perf_counter()
             outputs[method] = target.generate(**inputs, **kwargs, **extra)

@@ -233,7 +233,8 @@ def draft_rows(
             head = target.get_output_embeddings()
             target_logits = head(batch["target_last_hidden"][:, label_positions].to(head.weight.dtype))
         else:
-            keep = {"logits_to_keep": label_positions} if "logits_to_keep" in signature(target.forward).parameters else {}
+            takes_positions = "logits_to_keep" in signature(target.forward).parameters
+            keep = {"logits_to_keep": label_positions} if takes_positions else {}
             outputs, features = forward_with_features(
                 target, layers, input_ids=input_ids, attention_mask=attention_mask, **keep
             )
