@@ -61,7 +61,28 @@ class RareExplore(AdaptiveBudget):
         self.explore_every = 64
 
 
-VARIANTS = {"controller": AdaptiveBudget, "fixed budget 2": FixedBudget, "pessimistic z=1": Pessimistic,
+class FixedBudget1(FixedBudget):
+    fixed = 1
+
+
+class ExploreWhileThin(AdaptiveBudget):
+    """Twice the chosen budget tried every 4 steps while fewer than `thin` steps of the history had it: after a
+    move to a smaller budget, the larger one's evidence otherwise comes from one step in 16 alone (about 4 of the
+    64 kept), which is barely `min_evidence` and too few to tell a close call."""
+
+    thin = 16
+
+    def next_budget(self) -> int:
+        budget = super().next_budget()
+        best = self.best()[0]
+        if best is None or budget != best or best >= self.max_budget or self.steps % 4:
+            return budget
+        larger = min(2 * best, self.max_budget)
+        return larger if sum(record.budget >= larger for record in self.history) < self.thin else budget
+
+
+VARIANTS = {"controller": AdaptiveBudget, "fixed budget 2": FixedBudget, "fixed budget 1": FixedBudget1,
+            "explore while thin": ExploreWhileThin, "pessimistic z=1": Pessimistic,
             "pessimistic z=2": Pessimistic2, "explore every 64": RareExplore}
 
 
