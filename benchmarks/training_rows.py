@@ -12,8 +12,8 @@ import time
 
 import torch
 
-from dart_hf.training import DartDataCollator, dart_loss, load_examples
-from dart_hf.training.trainer import draft_rows, draft_vocabulary
+from dart_hf.training import DartDataCollator, load_examples
+from dart_hf.training.trainer import draft_rows, draft_vocabulary, rows_loss
 from dart_hf.zoo import load_draft, load_target
 
 
@@ -39,9 +39,7 @@ def main() -> None:
             torch.manual_seed(0)  # the same anchors for both
             start = time.perf_counter()
             rows = draft_rows(draft, teacher, batch, args.anchors, supervised_only=supervised_only)
-            weights = torch.where(rows.valid, 0.6 ** rows.depths.float(), 0.0)
-            loss = dart_loss(rows.draft_logits[rows.valid], rows.target_logits[rows.valid], weights[rows.valid],
-                             vocab_ids)
+            loss = rows_loss(rows, 0.6, vocab_ids)
             loss.backward()
             seconds[supervised_only] += time.perf_counter() - start
             draft.zero_grad()

@@ -8,7 +8,7 @@ from transformers import TrainingArguments
 from _helpers import prompts, tiny_target
 from dart_hf import DartDraftModel
 from dart_hf.training import DartDataCollator, DartTrainer, dart_loss, evaluate_draft, prefix_shared_layout, self_distill
-from dart_hf.training.trainer import chain_lengths_of, draft_rows, greedy_agreement
+from dart_hf.training.trainer import chain_lengths_of, draft_rows, greedy_agreement, rows_loss
 
 
 def brute_force_layout(num_prefix, anchors, num_masks):
@@ -105,8 +105,7 @@ def test_supervised_rows_only_give_the_same_loss_gradients_and_agreement(tmp_pat
     for supervised_only in (False, True):
         torch.manual_seed(0)  # the same anchors
         rows = draft_rows(draft, target, batch, num_anchors=6, supervised_only=supervised_only)
-        weights = torch.where(rows.valid, 0.6 ** rows.depths.double(), 0.0)
-        loss = dart_loss(rows.draft_logits[rows.valid], rows.target_logits[rows.valid], weights[rows.valid])
+        loss = rows_loss(rows, gamma=0.6)
         draft.zero_grad()
         loss.backward()
         grads = [p.grad.clone() for p in draft.parameters() if p.grad is not None]

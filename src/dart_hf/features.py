@@ -13,6 +13,8 @@ the last (num_hidden_layers) is the final normed state.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import nn
 from transformers import PreTrainedModel
@@ -47,6 +49,11 @@ def forward_with_features(
         for handle in handles:
             handle.remove()
     return outputs, torch.cat([captured[index % num_states] for index in feature_layers], dim=-1)
+
+
+def takes_logits_to_keep(model: PreTrainedModel) -> bool:
+    """Whether `model.forward` can compute logits for some positions only (`logits_to_keep`)."""
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
 
 
 def decoder_layers(target: PreTrainedModel) -> list[nn.Module] | None:

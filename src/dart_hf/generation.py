@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import inspect
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from transformers.cache_utils import DynamicSlidingWindowLayer
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .budget import AdaptiveBudget, ForwardTimings, LookupEvidence, calibrate_forward_costs, calibration_key
-from .features import forward_with_features
+from .features import forward_with_features, takes_logits_to_keep
 from .lookup import LookupTracker, find_continuations
 from .modeling_dart import DartDraftModel
 from .tree import BeamSearchTreePolicy, Tree, TopKTreePolicy, TreePolicy
@@ -162,7 +161,7 @@ def dart_generate(
         return bool(stopping_criteria(torch.cat([pad_prefix, input_ids], dim=-1), None).all())
 
     # only the last position's logits are used: skip the output layer elsewhere (a prompt's worth at prefill)
-    last_logits_only = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    last_logits_only = {"logits_to_keep": 1} if takes_logits_to_keep(model) else {}
 
     def plain_step(new_ids: torch.Tensor) -> tuple[torch.Tensor, bool, float]:
         """One ordinary decoding step over `new_ids` `[1, T]` (the prompt at prefill, else the last token): commit

@@ -8,13 +8,12 @@ the soft labels online for every batch: no hidden-state dump is needed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from inspect import signature
 
 import torch
 from transformers import PreTrainedModel, Trainer
 from transformers.trainer_pt_utils import LengthGroupedSampler
 
-from ..features import forward_with_features
+from ..features import forward_with_features, takes_logits_to_keep
 from ..modeling_dart import DartDraftModel
 from .layout import prefix_shared_layout
 from .loss import dart_loss
@@ -135,9 +134,7 @@ class DartTrainer(Trainer):
             draft, self.target, inputs, self.anchors_per_sequence, forward=model, attention=self.training_attention,
             supervised_only=True,
         )
-        weights = torch.where(rows.valid, self.gamma ** rows.depths.to(rows.draft_logits.dtype), 0.0)
-        vocab_ids = draft_vocabulary(draft)
-        loss = dart_loss(rows.draft_logits[rows.valid], rows.target_logits[rows.valid], weights[rows.valid], vocab_ids)
+        loss = rows_loss(rows, self.gamma, draft_vocabulary(draft))
         if model.training:
             self._count_agreement(draft, rows)
         return (loss, rows) if return_outputs else loss
@@ -233,8 +230,7 @@ def draft_rows(
             head = target.get_output_embeddings()
             target_logits = head(batch["target_last_hidden"][:, label_positions].to(head.weight.dtype))
         else:
-            takes_positions = "logits_to_keep" in signature(target.forward).parameters
-            keep = {"logits_to_keep": label_positions} if takes_positions else {}
+            keep = {"logits_to_keep": label_positions} if takes_logits_to_keep(target) else {}
             outputs, features = forward_with_features(
                 target, layers, input_ids=input_ids, attention_mask=attention_mask, **keep
             )
@@ -266,6 +262,13 @@ def draft_rows(
         num_masks=num_masks,
         rows=rows,
     )
+
+
+def rows_loss(rows: DraftRows, gamma: float, draft_vocab_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """`dart_loss` over the supervised rows of `rows`, each weighted gamma ** depth."""
+    weights = torch.where(rows.valid, gamma ** rows.depths.to(rows.draft_logits.dtype), 0.0)
+    valid = rows.valid
+    return dart_loss(rows.draft_logits[valid], rows.target_logits[valid], weights[valid], draft_vocab_ids)
 
 
 def draft_vocabulary(draft: DartDraftModel) -> torch.Tensor | None:
