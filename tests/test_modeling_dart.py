@@ -153,6 +153,30 @@ def test_forward_shapes_and_incremental_cache_matches_one_pass():
     torch.testing.assert_close(second, one_pass, rtol=0, atol=1e-10)
 
 
+def test_rows_whose_logits_are_not_kept_skip_their_attention_output_exactly():
+    """A prompt's catch-up attends from the kept rows only; the logits and the cache are those of all rows."""
+    target = tiny_target("llama", dtype=torch.float64)
+    draft = DartDraftModel.from_target(target)
+    generator = torch.Generator().manual_seed(1)
+    features = torch.randn(1, 12, 3 * H, generator=generator, dtype=torch.float64)
+    next_ids = torch.randint(0, VOCAB_SIZE, (1, 12), generator=generator)
+    with torch.no_grad():
+        for past in (0, 5):  # from an empty cache, and after 5 cached rows
+            runs = {}
+            for keep in (0, 1, 4, 9):
+                cache = DynamicCache()
+                if past:
+                    draft(features[:, :past], input_ids=next_ids[:, :past], cache=cache, num_masks=0)
+                logits = draft(features[:, past:], input_ids=next_ids[:, past:], cache=cache, num_masks=3,
+                               logits_to_keep=keep).logits
+                runs[keep] = logits, cache.layers[0].keys.clone(), cache.layers[0].values.clone()
+            all_logits, keys, values = runs[0]
+            assert all_logits.shape[1] == 12 - past + 3
+            for keep in (1, 4, 9):
+                torch.testing.assert_close(runs[keep][0], all_logits[:, -keep:], rtol=0, atol=1e-10)
+                assert torch.equal(runs[keep][1], keys) and torch.equal(runs[keep][2], values)
+
+
 def test_sliding_window_targets_are_exact_inside_the_window_and_refused_beyond():
     fields = dict(
         vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=64, num_hidden_layers=6, num_attention_heads=4,

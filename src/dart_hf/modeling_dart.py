@@ -20,8 +20,8 @@ from transformers.models.llama.modeling_llama import (
     LlamaMLP,
     LlamaRMSNorm,
     LlamaRotaryEmbedding,
-    apply_rotary_pos_emb,
     repeat_kv,
+    rotate_half,
 )
 from transformers.utils import ModelOutput
 from transformers.utils.hub import cached_file
@@ -65,17 +65,24 @@ class DartAttention(nn.Module):
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
         attention_mask: torch.Tensor,
         cache: Cache | None = None,
+        query_rows: int | None = None,
     ) -> torch.Tensor:
-        """hidden_states `[B, S, 2H]` -> `[B, S, H]`. attention_mask: additive float `[B or 1, 1, S, P + S]`, or a
-        FlexAttention `BlockMask` over the S rows (training)."""
+        """hidden_states `[B, S, 2H]` -> `[B, Q, H]`. attention_mask: additive float `[B or 1, 1, S, P + S]`, or a
+        FlexAttention `BlockMask` over the S rows (training). query_rows: attend from the last Q rows only (all S
+        rows still give keys and values): the output of rows nobody reads is skipped (a prompt's catch-up)."""
         batch_size, seq_len, _ = hidden_states.shape
+        query_rows = seq_len if query_rows is None else query_rows
+        query = self.q_proj(hidden_states[:, seq_len - query_rows :])
+        query = query.view(batch_size, query_rows, -1, self.head_dim).transpose(1, 2)
         shape = (batch_size, seq_len, -1, self.head_dim)
-        query = self.q_proj(hidden_states).view(shape).transpose(1, 2)
         key = self.k_proj(hidden_states).view(shape).transpose(1, 2)
         value = self.v_proj(hidden_states).view(shape).transpose(1, 2)
 
-        cos, sin = position_embeddings
-        query, key = apply_rotary_pos_emb(query, key, cos, sin)
+        cos, sin = position_embeddings  # [B, S, D]
+        query = rotate(query, cos[:, seq_len - query_rows :], sin[:, seq_len - query_rows :])
+        key = rotate(key, cos, sin)
+        if query_rows < seq_len:
+            attention_mask = attention_mask[..., seq_len - query_rows :, :]
         if cache is not None:
             key, value = cache.update(key, value, 0)
 
@@ -87,8 +94,13 @@ class DartAttention(nn.Module):
             key = repeat_kv(key, self.num_key_value_groups)
             value = repeat_kv(value, self.num_key_value_groups)
             output = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=self.scaling)
-        output = output.transpose(1, 2).reshape(batch_size, seq_len, -1)
+        output = output.transpose(1, 2).reshape(batch_size, query_rows, -1)
         return self.o_proj(output)
+
+
+def rotate(states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding of query or key states `[B, heads, S, D]` by cos, sin `[B, S, D]`."""
+    return states * cos.unsqueeze(1) + rotate_half(states) * sin.unsqueeze(1)
 
 
 def flex_attention_fn():
@@ -423,11 +435,17 @@ class DartDraftModel(DartPreTrainedModel):
             attention_mask = causal_mask(seq_len, past_len, rows.dtype, rows.device)
         position_embeddings = self.rotary_emb(rows, position_ids)
 
-        hidden = residual + layer.self_attn(rows, position_embeddings, attention_mask, cache)
-        if isinstance(logits_to_keep, torch.Tensor):  # the MLP and the head are per row: other rows' attention
-            hidden = hidden[:, logits_to_keep]  # inputs are computed above, so skipping them here changes nothing
-        elif logits_to_keep > 0:
-            hidden = hidden[:, -logits_to_keep:]
+        # the attention output, the MLP and the head are per row: rows whose logits nobody reads skip them (their
+        # keys and values still go to the cache and to the kept rows' attention)
+        if isinstance(logits_to_keep, torch.Tensor):
+            hidden = residual + layer.self_attn(rows, position_embeddings, attention_mask, cache)
+            hidden = hidden[:, logits_to_keep]
+        elif 0 < logits_to_keep < seq_len and isinstance(attention_mask, torch.Tensor):
+            attended = layer.self_attn(rows, position_embeddings, attention_mask, cache, query_rows=logits_to_keep)
+            hidden = residual[:, -logits_to_keep:] + attended
+        else:
+            hidden = residual + layer.self_attn(rows, position_embeddings, attention_mask, cache)
+            hidden = hidden[:, -logits_to_keep:] if logits_to_keep > 0 else hidden
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         logits = self.lm_head(self.norm(hidden))
         return DartDraftOutput(logits=logits, cache=cache)
