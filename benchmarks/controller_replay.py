@@ -81,19 +81,7 @@ class ExploreWhileThin(AdaptiveBudget):
         return larger if sum(record.budget >= larger for record in self.history) < self.thin else budget
 
 
-class NoNextEvidence(AdaptiveBudget):
-    """The previous version: a step's evidence stops at the budget it verified (no node built beyond it), and
-    budget 5 is not a candidate."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.budgets = [b for b in self.budgets if b != 5]
-
-    def record_step(self, *args, next_token=None, **kwargs) -> None:
-        super().record_step(*args, **kwargs)
-
-
-VARIANTS = {"controller": AdaptiveBudget, "no next-budget evidence": NoNextEvidence, "fixed budget 2": FixedBudget, "fixed budget 1": FixedBudget1,
+VARIANTS = {"controller": AdaptiveBudget, "fixed budget 2": FixedBudget, "fixed budget 1": FixedBudget1,
             "explore while thin": ExploreWhileThin, "pessimistic z=1": Pessimistic,
             "pessimistic z=2": Pessimistic2, "explore every 64": RareExplore}
 
@@ -137,9 +125,7 @@ def replay_prompt(prompt_length, sequence, trees, controller, costs, overheads, 
         kept_path = [node for node in path if ranks[node] <= budget]  # ranks grow along a path
         forward = costs(budget + 1)
         seconds += forward + overheads["tree"]
-        bonus = committed + len(kept_path) - 1  # where the target's token after the accepted path sits
-        next_token = int(sequence[bonus]) if bonus < len(sequence) else None
-        controller.record_step(tree, kept_path, budget, overheads["tree"], forward, next_token=next_token)
+        controller.record_step(tree, kept_path, budget, overheads["tree"], forward)
         committed += len(kept_path)
         kinds["tree"] += 1
         budgets.append(budget)

@@ -32,20 +32,6 @@ def test_from_parents_rejects_bad_structures():
         Tree.from_parents([1, 2, 3], [-1, 2, 0])
 
 
-@pytest.mark.parametrize("policy", [TopKTreePolicy(budget=30, top_k=5), BeamSearchTreePolicy(budget=30, top_k=5)])
-def test_within_budget_is_the_tree_that_budget_builds(policy):
-    logits = torch.randn(8, 40, generator=torch.Generator().manual_seed(1)) * 3
-    context = torch.tensor([3, 4])
-    full = policy(logits, context, lambda ids: ids)
-    assert full.within_budget(30)[0] is full
-    for budget in (1, 2, 7, 29):
-        small, kept = full.within_budget(budget)
-        built = policy(logits, context, lambda ids: ids, budget=budget)
-        for name in ("tokens", "parents", "depths", "ranks"):
-            assert torch.equal(getattr(small, name), getattr(built, name)), name
-        assert torch.equal(full.tokens[kept], small.tokens) and torch.equal(full.ranks[kept], small.ranks)
-
-
 @pytest.mark.parametrize("seed", range(20))
 def test_ancestor_mask_matches_paths(seed):
     generator = torch.Generator().manual_seed(seed)

@@ -7,11 +7,7 @@ budget m. Plain decoding commits one token per f(1). So:
 - f is measured once per model, dtype, device and thread count (`calibrate_forward_costs`) and cached on disk:
   on a GPU f is nearly flat, on this project's 2-core CPU a 60-node tree costs over 2.5x one token.
 - tau(m) is estimated from the steps already verified. A policy's tree of budget m is its m best nodes (the
-  `Tree.ranks` <= m), so one step verified with budget b tells what every budget m <= b would have accepted. It
-  also tells exactly what budget b + 1 would have: the step builds the tree of b + 1 nodes and verifies its b best;
-  the extra node's parent ranks lower, so it was verified, and the target's token after it is known (greedy, and
-  at T=1 too, where the committed tokens follow the target's distribution whatever the tree). Without that, the
-  budget just above the chosen one is seen on exploration steps alone, too rarely to notice when it pays more.
+  `Tree.ranks` <= m), so one step verified with budget b tells what every budget m <= b would have accepted.
 - f is the fastest of several runs at a 128-token context; during generation the context is longer and the
   machine busier, and not by the same factor for one token as for a tree. `ForwardTimings` keeps recent forwards'
   measured seconds as multiples of f, per kind of step, and decisions scale f by their medians.
@@ -51,7 +47,7 @@ from .verify import forward_tree
 # bumped when what `forward_tree` runs changes, so that costs cached on disk by an older version are re-measured
 # (2: the feature layers read by dart_hf.features' hooks instead of `output_hidden_states`; the fastest run kept)
 CALIBRATION_METHOD = 2
-CANDIDATE_BUDGETS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+CANDIDATE_BUDGETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
 @dataclass
@@ -141,10 +137,9 @@ def _synchronize(device: torch.device) -> None:
 
 @dataclass
 class StepRecord:
-    """One verified step: the largest budget its evidence holds for and, for every budget m up to it, whether the
-    accepted path survives budget m: `path_ranks[i]` is the largest rank among the first i + 1 nodes of the path
-    that budget would have accepted. overhead_seconds: the step's time outside the target's forward (draft, tree
-    search, acceptance, cache compaction)."""
+    """One verified step: the budget it used and, for every m, whether the accepted path survives budget m:
+    `path_ranks[i]` is the largest rank among the first i + 1 accepted drafted nodes. overhead_seconds: the step's
+    time outside the target's forward (draft, tree search, acceptance, cache compaction)."""
 
     budget: int
     path_ranks: np.ndarray
@@ -311,11 +306,6 @@ class AdaptiveBudget:
         loss = tau * (seconds_per_token - plain)
         return min(math.ceil(loss / (self.probe_share * plain)), self.max_probe_interval)
 
-    def build_budget(self, budget: int) -> int:
-        """The budget to build a step's tree with when it verifies `budget`: one node more, never verified, whose
-        outcome `record_step` reads as exact evidence for budget + 1."""
-        return min(budget + 1, self.max_budget)
-
     def next_budget(self) -> int:
         """The budget for the next step; 0 means a plain decoding step."""
         budget, seconds_per_token, _ = self.best()
@@ -369,30 +359,14 @@ class AdaptiveBudget:
         self._best = None  # the verify forwards' scale moved
 
     def record_step(
-        self,
-        tree: Tree,
-        path: list[int],
-        budget: int,
-        overhead_seconds: float,
-        forward_seconds: float | None = None,
-        next_token: int | None = None,
+        self, tree: Tree, path: list[int], budget: int, overhead_seconds: float, forward_seconds: float | None = None
     ) -> None:
-        """After a verified step: the tree as built (`build_budget(budget)` nodes, or only the verified ones), its
-        accepted node path (root first, nodes of rank <= `budget`), the budget it verified, the seconds the step
-        spent outside the target's forward (draft, tree search, acceptance, compaction) and in it, and the token
-        the target chose after the path (the bonus token; with it, a built node of rank budget + 1 is evidence)."""
+        """After a verified step: the tree, its accepted node path (root first), the budget it was built with, the
+        seconds the step spent outside the target's forward (draft, tree search, acceptance, compaction) and in
+        it."""
         ranks = tree.ranks if tree.ranks is not None else torch.arange(len(tree))
-        path_nodes = list(path[1:])
-        evidence_budget = budget
-        if next_token is not None and int(ranks.max()) > budget:
-            # budget + 1 adds one node, whose parent is verified: it extends the path iff it is the last path node's
-            # child holding the target's next token, and then it is a leaf, so the path ends there
-            extra = int(torch.nonzero(ranks == budget + 1)[0])
-            if int(tree.parents[extra]) == path[-1] and int(tree.tokens[extra]) == next_token:
-                path_nodes.append(extra)
-            evidence_budget = budget + 1
-        path_ranks = np.maximum.accumulate(ranks[path_nodes].numpy()) if path_nodes else np.zeros(0, np.int64)
-        self.history.append(StepRecord(evidence_budget, path_ranks, overhead_seconds))
+        path_ranks = np.maximum.accumulate(ranks[path[1:]].numpy()) if len(path) > 1 else np.zeros(0, np.int64)
+        self.history.append(StepRecord(budget, path_ranks, overhead_seconds))
         self._record_forward("verify", len(tree), forward_seconds)
         self._best = None
         self.plain_run = 0

@@ -186,10 +186,9 @@ def dart_generate(
     lookups = LookupTracker() if lookup_length else None
     draft_cache = DynamicCache()
 
-    def verify(tree: Tree) -> tuple[list[int], int, float, float]:
+    def verify(tree: Tree) -> tuple[list[int], float, float]:
         """One target forward over `tree`; keep the accepted path's cache rows and commit its tokens. Returns the
-        accepted path, the target's token after it (the bonus token), the seconds of the forward and the seconds
-        spent after it (acceptance, cache compaction)."""
+        accepted path, the seconds of the forward and the seconds spent after it (acceptance, cache compaction)."""
         nonlocal stopped
         past_len = cache.get_seq_length()
         tick = time.perf_counter()
@@ -205,7 +204,7 @@ def dart_generate(
             stopped = commit(token, token_scores, token_logits)
             if stopped:
                 break
-        return acceptance.path, acceptance.tokens[-1], forward_done - tick, accept_seconds
+        return acceptance.path, forward_done - tick, accept_seconds
 
     while not stopped:
         if lookups is not None:  # score earlier continuations on what was committed since, then look up this one
@@ -221,7 +220,7 @@ def dart_generate(
             if length:  # verify the chosen continuation's first `length` tokens as a chain, without drafting
                 tick = time.perf_counter()
                 chain = [int(context[-1])] + candidates[chosen][1][:length].tolist()
-                _, _, forward_seconds, accept_seconds = verify(Tree.from_parents(chain, list(range(-1, length))))
+                _, forward_seconds, accept_seconds = verify(Tree.from_parents(chain, list(range(-1, length))))
                 stats.lookup_steps += 1
                 stats.lookup_time += time.perf_counter() - tick
                 controller.record_lookup_step(accept_seconds, length + 1, forward_seconds)
@@ -237,16 +236,13 @@ def dart_generate(
             controller.record_plain_step(forward_seconds)
             continue
 
-        # the tree is built one node larger than it is verified: that node's outcome is the controller's evidence
-        # for the next budget up
-        build_budget = controller.build_budget(budget) if controller is not None else budget
         # draft: rows for the positions the target processed since the last draft step, each with the token that
-        # follows it, then mask rows for the levels a tree of this budget can reach (a chain of `build_budget` nodes
-        # at most; the draft's attention is causal, so fewer mask rows leave the kept levels' logits unchanged)
+        # follows it, then mask rows for the levels a tree of this budget can reach (a chain of `budget` nodes at
+        # most; the draft's attention is causal, so fewer mask rows leave the kept levels' logits unchanged)
         tick = time.perf_counter()
         features = torch.cat(waiting, dim=1) if len(waiting) > 1 else waiting[0]
         waiting = []
-        num_masks = min(build_budget, config.draft_length) - 1
+        num_masks = min(budget, config.draft_length) - 1
         draft_logits = draft(
             features, input_ids=input_ids[:, -features.shape[1] :], cache=draft_cache, num_masks=num_masks
         ).logits
@@ -257,22 +253,19 @@ def dart_generate(
 
         tick = time.perf_counter()
         if controller is not None:
-            built = tree_policy(draft_logits[0], input_ids[0], draft.draft_to_target, budget=build_budget)
-            tree, built_nodes = built.within_budget(budget)
+            tree = tree_policy(draft_logits[0], input_ids[0], draft.draft_to_target, budget=budget)
         else:
             tree = tree_policy(draft_logits[0], input_ids[0], draft.draft_to_target)
         tree_seconds = time.perf_counter() - tick
         stats.tree_time += tree_seconds
 
         tick = time.perf_counter()
-        path, next_token, forward_seconds, accept_seconds = verify(tree)
+        path, forward_seconds, accept_seconds = verify(tree)
         stats.verify_time += time.perf_counter() - tick
         stats.tree_sizes.append(len(tree))
         stats.budgets.append(budget)
         if controller is not None:
-            overhead_seconds = draft_seconds + tree_seconds + accept_seconds
-            built_path = built_nodes[path].tolist()
-            controller.record_step(built, built_path, budget, overhead_seconds, forward_seconds, next_token=next_token)
+            controller.record_step(tree, path, budget, draft_seconds + tree_seconds + accept_seconds, forward_seconds)
     stats.total_time = time.perf_counter() - start
     if controller is not None:
         draft._dart_plain_run = controller.plain_run  # read back by the next call's `adaptive_budget`

@@ -61,20 +61,6 @@ class Tree:
                 result[parent].setdefault(token, node)
         return result
 
-    def within_budget(self, budget: int) -> tuple[Tree, torch.Tensor]:
-        """The tree a budget of `budget` would have built: its nodes of rank <= budget, in the same order, and their
-        indices in this tree `[M + 1]` (this tree itself when every node is kept). Ranks rise from parent to child,
-        so the kept nodes' parents are kept too."""
-        ranks = self.ranks if self.ranks is not None else torch.arange(len(self))
-        kept = torch.nonzero(ranks <= budget).squeeze(1)
-        if kept.numel() == len(self):
-            return self, kept
-        new_index = torch.full((len(self),), -1, dtype=torch.long)
-        new_index[kept] = torch.arange(kept.numel())
-        parents = self.parents[kept]
-        parents = torch.where(parents >= 0, new_index[parents.clamp(min=0)], parents)
-        return Tree(self.tokens[kept], parents, self.depths[kept], ranks[kept]), kept
-
     def path_to(self, node: int) -> list[int]:
         """Node indices from the root to `node`, both included."""
         path = [node]
