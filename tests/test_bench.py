@@ -61,6 +61,35 @@ def test_methods_run_in_reverse_order_on_every_other_prompt(monkeypatch):
     assert timed == ["vanilla", "lookup", "dart", "dart", "lookup", "vanilla", "vanilla", "lookup", "dart"]
 
 
+def test_each_dart_method_keeps_its_own_evidence_and_the_warm_up_leaves_none(monkeypatch):
+    monkeypatch.setattr(bench, "load_prompts", lambda name, limit: [f"{name} prompt {i}" for i in range(limit)])
+    target = tiny_target("llama", seed=3)
+    draft = DartDraftModel.from_target(target)
+    seen = []  # (method, the acceptance history object, its length) at the start of every DART call
+    generate = target.generate
+
+    def recording_generate(*args, **kwargs):
+        if "assistant_model" in kwargs:
+            history = getattr(draft, "_dart_acceptance_history", None)
+            method = "dart_no_lookup" if kwargs["tree_options"].get("lookup_length") == 0 else "dart"
+            seen.append((method, id(history) if history is not None else None, len(history or ())))
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(target, "generate", recording_generate)
+    bench.run_benchmark(
+        target, char_tokenizer(), draft, ["set-a"], prompts_per_set=3, max_new_tokens=12,
+        methods=["vanilla", "dart_no_lookup", "dart"],
+    )
+    warm_up, timed = seen[:2], seen[2:]
+    assert [entry[1] for entry in warm_up] == [None, None]  # each method's warm-up starts from nothing
+    assert [entry[1:] for entry in timed[:2]] == [(None, 0), (None, 0)]  # ... and so does its first timed call
+    histories = {method: {history for name, history, _ in timed[2:] if name == method}
+                 for method in ("dart", "dart_no_lookup")}
+    assert all(len(ids) == 1 for ids in histories.values())  # one history per method, kept across prompts
+    assert histories["dart"] != histories["dart_no_lookup"]
+    assert all(length > 0 for _, _, length in timed[2:])
+
+
 def test_speedups_are_per_new_token_and_a_sampled_run_has_no_greedy_check():
     # sampled outputs may end at different lengths: half the time for half the tokens is no speedup
     vanilla = bench.MethodResult(seconds=[2.0, 2.0], tokens=[10, 10])

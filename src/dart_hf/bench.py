@@ -28,6 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .files import write_atomically
+from .generation import swap_controller_state
 from .modeling_dart import DartDraftModel
 from .prompts import PROMPT_SETS, load_prompts
 from .training.trainer import greedy_agreement
@@ -111,12 +112,27 @@ def run_benchmark(
             kwargs["tree_options"] = options
         return model, kwargs
 
-    # untimed warm-up of every method: first-call setup (and DART's one-time cost calibration) stays out of timings
-    for method in methods:
-        model, kwargs = method_call(method)
-        model.generate(**chat_inputs(tokenizer, WARM_UP_PROMPT), **{**kwargs, "max_new_tokens": 16})
-
+    # each DART method keeps its own controller evidence (the methods share one draft object)
     dart_methods = [m for m in methods if m.startswith("dart")]
+    evidence = {method: {} for method in dart_methods}
+
+    def generate(method: str, inputs: dict, **overrides) -> torch.Tensor:
+        model, kwargs = method_call(method)
+        if method in evidence:
+            evidence[method] = swap_controller_state(draft, evidence[method])
+        try:
+            return model.generate(**inputs, **{**kwargs, **overrides})
+        finally:
+            if method in evidence:
+                evidence[method] = swap_controller_state(draft, evidence[method])
+
+    # untimed warm-up of every method: first-call setup (and DART's one-time cost calibration) stays out of timings;
+    # the evidence it leaves is dropped, since its text is not the benchmark's (its easy replies made the first
+    # set's first calls try 33-61-node trees)
+    for method in methods:
+        generate(method, chat_inputs(tokenizer, WARM_UP_PROMPT), max_new_tokens=16)
+    evidence = {method: {} for method in dart_methods}
+
     results: dict[str, dict[str, MethodResult]] = {}
     work = [(name, prompt) for name in sets for prompt in load_prompts(name, prompts_per_set)]
     for index, (set_name, prompt) in enumerate(tqdm(work, desc="benchmark", unit="prompt")):
@@ -126,11 +142,10 @@ def run_benchmark(
         # every other prompt runs the methods in reverse order, so that running first or last (a warm or cold
         # cache, the machine's drift) favours no method
         for method in methods if index % 2 == 0 else methods[::-1]:
-            model, kwargs = method_call(method)
             if do_sample:
                 torch.manual_seed(0)
             start = time.perf_counter()
-            outputs[method] = output = model.generate(**inputs, **kwargs)
+            outputs[method] = output = generate(method, inputs)
             seconds = time.perf_counter() - start
             result = per_method[method]
             result.seconds.append(seconds)

@@ -311,6 +311,22 @@ def adaptive_budget(
     return AdaptiveBudget(memo[key], max_budget, history, lookup=lookup, timings=timings, plain_run=plain_run)
 
 
+# what `adaptive_budget` keeps on the draft across `generate` calls, besides the forward-cost calibration
+CONTROLLER_STATE = ("_dart_acceptance_history", "_dart_lookup_evidence", "_dart_forward_timings", "_dart_plain_run")
+
+
+def swap_controller_state(draft: DartDraftModel, state: dict) -> dict:
+    """Give the draft the decoding evidence in `state` (what an earlier swap returned; {} for none) and return the
+    evidence it held: the acceptance history, lookup evidence, forward timings and plain steps since the last
+    probe. The calibrated forward costs stay. Lets two decoding setups share one draft without sharing evidence,
+    and a warm-up call leave none behind."""
+    held = {name: vars(draft)[name] for name in CONTROLLER_STATE if name in vars(draft)}
+    for name in CONTROLLER_STATE:
+        vars(draft).pop(name, None)
+    vars(draft).update(state)
+    return held
+
+
 def _shared(draft: DartDraftModel, name: str, create):
     """The controller state kept on the draft under `name` across `generate` calls, created on first use."""
     state = getattr(draft, name, None)
