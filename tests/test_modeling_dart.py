@@ -137,12 +137,16 @@ def test_unknown_reduced_vocabulary_mapping_is_refused():
     assert int(draft.t2d.sum()) == DRAFT_VOCAB and bool(draft.t2d[10]) and not bool(draft.t2d[9])
 
 
+def float64_draft_and_inputs(rows: int, seed: int) -> tuple[DartDraftModel, torch.Tensor, torch.Tensor]:
+    """An untrained float64 draft of a tiny target, random features `[1, rows, 3H]` and next-token ids `[1, rows]`."""
+    draft = DartDraftModel.from_target(tiny_target("llama", dtype=torch.float64))
+    generator = torch.Generator().manual_seed(seed)
+    features = torch.randn(1, rows, 3 * H, generator=generator, dtype=torch.float64)
+    return draft, features, torch.randint(0, VOCAB_SIZE, (1, rows), generator=generator)
+
+
 def test_forward_shapes_and_incremental_cache_matches_one_pass():
-    target = tiny_target("llama", dtype=torch.float64)
-    draft = DartDraftModel.from_target(target)
-    generator = torch.Generator().manual_seed(0)
-    features = torch.randn(1, 13, 3 * H, generator=generator, dtype=torch.float64)
-    next_ids = torch.randint(0, VOCAB_SIZE, (1, 13), generator=generator)
+    draft, features, next_ids = float64_draft_and_inputs(13, seed=0)
     with torch.no_grad():
         one_pass = draft(features, input_ids=next_ids).logits
         cache = DynamicCache()
@@ -155,11 +159,7 @@ def test_forward_shapes_and_incremental_cache_matches_one_pass():
 
 def test_rows_whose_logits_are_not_kept_skip_their_attention_output_exactly():
     """A prompt's catch-up attends from the kept rows only; the logits and the cache are those of all rows."""
-    target = tiny_target("llama", dtype=torch.float64)
-    draft = DartDraftModel.from_target(target)
-    generator = torch.Generator().manual_seed(1)
-    features = torch.randn(1, 12, 3 * H, generator=generator, dtype=torch.float64)
-    next_ids = torch.randint(0, VOCAB_SIZE, (1, 12), generator=generator)
+    draft, features, next_ids = float64_draft_and_inputs(12, seed=1)
     with torch.no_grad():
         for past in (0, 5):  # from an empty cache, and after 5 cached rows
             runs = {}
