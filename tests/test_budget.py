@@ -34,8 +34,10 @@ def test_forward_costs_interpolate_and_extrapolate():
     assert costs(25) == pytest.approx(6.0)  # the last segment's slope
 
 
-def test_no_evidence_uses_the_largest_tree():
-    assert AdaptiveBudget(STEEP, 60, deque()).next_budget() == 60
+def test_no_evidence_uses_the_largest_tree_that_costs_at_most_two_tokens():
+    assert AdaptiveBudget(FLAT, 60, deque()).next_budget() == 60  # a GPU's shape: the full tree
+    assert AdaptiveBudget(MODERATE, 60, deque()).next_budget() == 8  # 9 nodes: 18 ms; 13 nodes: 22 ms
+    assert AdaptiveBudget(STEEP, 60, deque()).next_budget() == 1  # 2 nodes cost 20 ms, twice one token
 
 
 def test_flat_costs_and_deep_acceptance_pick_a_large_budget():

@@ -16,7 +16,8 @@ budget m. Plain decoding commits one token per f(1). So:
   its expected loss, tau(m) times the gap per token, so it waits for as many plain steps as keep probes' losses
   under `probe_share` of the plain decoding time: a tree that nearly pays is probed every few steps (so the
   evidence follows a change of text quickly), one that loses badly rarely. Every `explore_every` steps it tries
-  twice the chosen budget, which is how larger budgets get evidence.
+  twice the chosen budget, which is how larger budgets get evidence. With no evidence at all it starts with the
+  largest tree that costs at most twice one token (`first_budget`).
 - Context lookup (`dart_hf.lookup`) chains are scored on every step for free, so `lookup_choice` needs no probes:
   of a step's candidate chains it verifies the prefix of length k with the lowest (o_lookup + f(k + 1)) /
   tau_lookup(k) when that beats both plain decoding and the drafted tree; tau_lookup is measured per kind of
@@ -235,6 +236,7 @@ class AdaptiveBudget:
         max_probe_interval: int = 128,
         explore_every: int = 16,
         min_evidence: int = 4,
+        first_cost: float = 2.0,
         overhead_window: int = 16,
         lookup: LookupEvidence | None = None,
         timings: ForwardTimings | None = None,
@@ -247,6 +249,7 @@ class AdaptiveBudget:
         self.max_probe_interval = max_probe_interval
         self.explore_every = explore_every
         self.min_evidence = min_evidence
+        self.first_cost = first_cost
         self.overhead_window = overhead_window  # the overhead is the mean of this many recent steps'
         self.plain_run = plain_run  # plain steps since the last tree, carried across calls by the caller
         self._best = None  # best() until the next record_step
@@ -306,11 +309,19 @@ class AdaptiveBudget:
         loss = tau * (seconds_per_token - plain)
         return min(math.ceil(loss / (self.probe_share * plain)), self.max_probe_interval)
 
+    def first_budget(self) -> int:
+        """The budget while there is no evidence yet: the largest whose forward costs at most `first_cost` one-token
+        forwards. On a GPU, where a tree costs about what one token does, that is the full tree; on a CPU, where a
+        61-node tree can cost 3.4 tokens, a smaller one. Its steps tell what every smaller budget would have
+        accepted; larger ones are reached by exploration."""
+        affordable = [b for b in self.budgets if self.costs(b + 1) <= self.first_cost * self.costs(1)]
+        return max(affordable, default=self.budgets[0])
+
     def next_budget(self) -> int:
         """The budget for the next step; 0 means a plain decoding step."""
         budget, seconds_per_token, _ = self.best()
         if budget is None:
-            return self.max_budget  # no evidence yet: gather it with the full tree
+            return self.first_budget()
         if seconds_per_token >= self.plain_cost():  # drafting loses to plain decoding
             if self.plain_run >= self.probe_wait():
                 return budget  # a probe: does drafting pay again? (its record resets the plain run)
