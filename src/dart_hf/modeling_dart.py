@@ -436,16 +436,18 @@ class DartDraftModel(DartPreTrainedModel):
         position_embeddings = self.rotary_emb(rows, position_ids)
 
         # the attention output, the MLP and the head are per row: rows whose logits nobody reads skip them (their
-        # keys and values still go to the cache and to the kept rows' attention)
+        # keys and values still go to the cache and to the kept rows' attention); the trailing rows are cut out
+        # inside the attention, a row subset (training's BlockMask layout) after it
+        trailing_rows = not isinstance(logits_to_keep, torch.Tensor) and logits_to_keep > 0
+        query_rows = seq_len
+        if trailing_rows and isinstance(attention_mask, torch.Tensor):
+            query_rows = min(logits_to_keep, seq_len)
+        attended = layer.self_attn(rows, position_embeddings, attention_mask, cache, query_rows=query_rows)
+        hidden = residual[:, seq_len - query_rows :] + attended
         if isinstance(logits_to_keep, torch.Tensor):
-            hidden = residual + layer.self_attn(rows, position_embeddings, attention_mask, cache)
             hidden = hidden[:, logits_to_keep]
-        elif 0 < logits_to_keep < seq_len and isinstance(attention_mask, torch.Tensor):
-            attended = layer.self_attn(rows, position_embeddings, attention_mask, cache, query_rows=logits_to_keep)
-            hidden = residual[:, -logits_to_keep:] + attended
-        else:
-            hidden = residual + layer.self_attn(rows, position_embeddings, attention_mask, cache)
-            hidden = hidden[:, -logits_to_keep:] if logits_to_keep > 0 else hidden
+        elif logits_to_keep > 0:
+            hidden = hidden[:, -logits_to_keep:]
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         logits = self.lm_head(self.norm(hidden))
         return DartDraftOutput(logits=logits, cache=cache)
