@@ -271,6 +271,27 @@ def test_plain_steps_sample_exactly_like_vanilla_generate():
     assert torch.equal(got, expected)  # the same random draws as vanilla sampling
 
 
+def test_greedy_evidence_does_not_decide_a_sampling_call():
+    target = tiny_target("llama", seed=5)
+    draft = DartDraftModel.from_target(target)
+    force_costs(draft, target, STEEP)
+    draft._dart_acceptance_history = history_of([(60, [])] * 8)  # greedy calls found that drafting loses
+    prompt = prompts(1, seed=6)[0]
+    target.generate(prompt, max_new_tokens=12, do_sample=False, assistant_model=draft)
+    assert draft.stats.verify_steps == 0
+    # a sampling call has no evidence of its own yet: it drafts until its own steps say drafting loses
+    target.generate(prompt, max_new_tokens=12, do_sample=True, top_k=20, assistant_model=draft)
+    assert draft.stats.verify_steps >= 4
+    sampling_history = draft._dart_acceptance_history
+    assert len(sampling_history) == draft.stats.verify_steps
+    # back to greedy: its own evidence again, plain from the first step; and sampling's is kept for later
+    expected = target.generate(prompt, max_new_tokens=12, do_sample=False)
+    assert torch.equal(target.generate(prompt, max_new_tokens=12, do_sample=False, assistant_model=draft), expected)
+    assert draft.stats.verify_steps == 0 and len(draft._dart_acceptance_history) == 8
+    target.generate(prompt, max_new_tokens=4, do_sample=True, top_k=20, assistant_model=draft)
+    assert draft._dart_acceptance_history is sampling_history
+
+
 def test_a_good_draft_with_flat_costs_never_falls_back():
     target = tiny_target("llama", seed=2)
     draft = OracleDraft.from_target(target)

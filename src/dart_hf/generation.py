@@ -182,6 +182,8 @@ def dart_generate(
     waiting = [prompt_features]  # features `[1, T_i, 3H]` the draft has not read yet, joined only when it runs
     stats.prefill_time = time.perf_counter() - start
 
+    if adaptive:
+        select_decoding_mode(draft, decoding_mode(generation_config))
     controller = adaptive_budget(draft, model, max_budget, max_chain=lookup_length) if adaptive else None
     lookups = LookupTracker() if lookup_length else None
     draft_cache = DynamicCache()
@@ -311,17 +313,43 @@ def adaptive_budget(
     return AdaptiveBudget(memo[key], max_budget, history, lookup=lookup, timings=timings, plain_run=plain_run)
 
 
-# what `adaptive_budget` keeps on the draft across `generate` calls, besides the forward-cost calibration
-CONTROLLER_STATE = ("_dart_acceptance_history", "_dart_lookup_evidence", "_dart_forward_timings", "_dart_plain_run")
+# what `adaptive_budget` keeps on the draft across `generate` calls besides the forward-cost calibration: evidence
+# per decoding mode (the current mode's, and the other modes' set aside) and the recent forwards' timings
+MODE_EVIDENCE = ("_dart_acceptance_history", "_dart_lookup_evidence", "_dart_plain_run")
+CONTROLLER_STATE = MODE_EVIDENCE + ("_dart_forward_timings", "_dart_decoding_mode", "_dart_evidence_by_mode")
 
 
 def swap_controller_state(draft: DartDraftModel, state: dict) -> dict:
     """Give the draft the decoding evidence in `state` (what an earlier swap returned; {} for none) and return the
     evidence it held: the acceptance history, lookup evidence, forward timings and plain steps since the last
-    probe. The calibrated forward costs stay. Lets two decoding setups share one draft without sharing evidence,
-    and a warm-up call leave none behind."""
-    held = {name: vars(draft)[name] for name in CONTROLLER_STATE if name in vars(draft)}
-    for name in CONTROLLER_STATE:
+    probe, of every decoding mode. The calibrated forward costs stay. Lets two decoding setups share one draft
+    without sharing evidence, and a warm-up call leave none behind."""
+    return _swap(draft, CONTROLLER_STATE, state)
+
+
+def decoding_mode(generation_config: GenerationConfig) -> tuple:
+    """What decides a tree's acceptance besides the text: greedy, or sampling with its temperature and truncation
+    (T=1 accepts far fewer drafted tokens than greedy decoding of the same text)."""
+    if not generation_config.do_sample:
+        return ("greedy",)
+    warpers = ("temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff")
+    return ("sample",) + tuple(getattr(generation_config, name, None) for name in warpers)
+
+
+def select_decoding_mode(draft: DartDraftModel, mode: tuple) -> None:
+    """Keep the controller's evidence per decoding mode: a call in another mode than the last one sets the
+    current evidence aside under the last mode and takes up the evidence of its own (none at first), so greedy
+    acceptance never decides a sampling call's budget, nor the other way round."""
+    current = getattr(draft, "_dart_decoding_mode", None)  # None: untagged evidence, taken as this mode's
+    if current is not None and current != mode:
+        set_aside = _shared(draft, "_dart_evidence_by_mode", dict)
+        set_aside[current] = _swap(draft, MODE_EVIDENCE, set_aside.pop(mode, {}))
+    draft._dart_decoding_mode = mode
+
+
+def _swap(draft: DartDraftModel, names: tuple[str, ...], state: dict) -> dict:
+    held = {name: vars(draft)[name] for name in names if name in vars(draft)}
+    for name in names:
         vars(draft).pop(name, None)
     vars(draft).update(state)
     return held
