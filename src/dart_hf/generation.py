@@ -298,7 +298,7 @@ def adaptive_budget(
     """The budget controller for one `generate` call: the target's forward costs (calibrated once per model and
     machine for trees up to `max_budget` or `max_chain` lookup tokens, then memoised on the draft) and the draft's
     acceptance and lookup evidence, recent forward timings and plain steps since the last probe, shared across
-    calls."""
+    calls (those of the decoding mode `select_decoding_mode` set, but the timings)."""
     key = calibration_key(target)
     memo = getattr(draft, "_dart_forward_costs", None) or {}
     max_nodes = max(max_budget, max_chain) + 1
