@@ -182,9 +182,8 @@ def dart_generate(
     waiting = [prompt_features]  # features `[1, T_i, 3H]` the draft has not read yet, joined only when it runs
     stats.prefill_time = time.perf_counter() - start
 
-    if adaptive:
-        select_decoding_mode(draft, decoding_mode(generation_config))
-    controller = adaptive_budget(draft, model, max_budget, max_chain=lookup_length) if adaptive else None
+    mode = decoding_mode(generation_config)
+    controller = adaptive_budget(draft, model, max_budget, lookup_length, mode) if adaptive else None
     lookups = LookupTracker() if lookup_length else None
     draft_cache = DynamicCache()
 
@@ -293,12 +292,13 @@ def choose_token(scores: torch.Tensor, do_sample: bool) -> int:
 
 
 def adaptive_budget(
-    draft: DartDraftModel, target: PreTrainedModel, max_budget: int, max_chain: int = 0
+    draft: DartDraftModel, target: PreTrainedModel, max_budget: int, max_chain: int = 0, mode: tuple = ("greedy",)
 ) -> AdaptiveBudget:
-    """The budget controller for one `generate` call: the target's forward costs (calibrated once per model and
-    machine for trees up to `max_budget` or `max_chain` lookup tokens, then memoised on the draft) and the draft's
-    acceptance and lookup evidence, recent forward timings and plain steps since the last probe, shared across
-    calls (those of the decoding mode `select_decoding_mode` set, but the timings)."""
+    """The budget controller for one `generate` call in decoding `mode` (`decoding_mode`): the target's forward
+    costs (calibrated once per model and machine for trees up to `max_budget` or `max_chain` lookup tokens, then
+    memoised on the draft) and the draft's acceptance and lookup evidence and plain steps since the last probe in
+    that mode (`select_decoding_mode`), and its recent forward timings, shared across calls."""
+    select_decoding_mode(draft, mode)
     key = calibration_key(target)
     memo = getattr(draft, "_dart_forward_costs", None) or {}
     max_nodes = max(max_budget, max_chain) + 1
