@@ -84,10 +84,13 @@ def interleaved_speedups(target, tokenizer, drafts: dict, prompts_per_set: int, 
     return results
 
 
-def greedy_outputs(path: Path, prompts_per_set: int, max_new_tokens: int, skip: int = 0) -> dict[str, list[dict]]:
+def greedy_outputs(
+    path: Path, prompts_per_set: int, max_new_tokens: int, skip: int = 0, temperature: float = 0.0
+) -> dict[str, list[dict]]:
     """{set: [{"prompt": token ids, "output": token ids}]}: vanilla greedy `generate` of the packaged SmolLM2 on
     prompts skip .. skip + prompts_per_set - 1 of each benchmark set, read from `path` if it exists, else
-    generated and written there (under a temporary name, then renamed)."""
+    generated and written there (under a temporary name, then renamed). temperature > 0: sampled replies instead,
+    from `torch.manual_seed` of the prompt's index before each."""
     if path.exists():
         return json.loads(path.read_text())
     from dart_hf.zoo import load_target
@@ -96,9 +99,11 @@ def greedy_outputs(path: Path, prompts_per_set: int, max_new_tokens: int, skip: 
     outputs = {}
     for name in BENCHMARK_SETS:
         outputs[name] = []
-        for prompt in load_prompts(name, skip + prompts_per_set)[skip:]:
+        for index, prompt in enumerate(load_prompts(name, skip + prompts_per_set)[skip:]):
             inputs = chat_inputs(tokenizer, prompt)
-            sequence = target.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)[0].tolist()
+            sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
+            torch.manual_seed(index)
+            sequence = target.generate(**inputs, max_new_tokens=max_new_tokens, **sampling)[0].tolist()
             length = inputs["input_ids"].shape[1]
             outputs[name].append({"prompt": sequence[:length], "output": sequence[length:]})
         print(f"generated {name}", flush=True)

@@ -245,6 +245,11 @@ def test_ngram_pruned_trees_are_lossless(arch, policy):
     assert torch.equal(got, expected)
     with pytest.raises(ValueError, match="Unknown tree option"):
         target.generate(prompt, max_new_tokens=4, assistant_model=draft, tree_options={"beam": 3})
+    # drawn drafts are a sampling option: greedy decoding keeps the deterministic tree, and stays exact
+    got = target.generate(prompt, max_new_tokens=NEW_TOKENS, assistant_model=draft, tree_options={"sample_drafts": 2})
+    assert torch.equal(got, expected)
+    with pytest.raises(ValueError, match="sample_drafts must be >= 0"):
+        target.generate(prompt, max_new_tokens=4, assistant_model=draft, tree_options={"sample_drafts": -1})
 
 
 def test_stop_strings_text_streamer_and_generation_config_objects():

@@ -81,12 +81,15 @@ def peaked_target():
     return target
 
 
-def sample_many(target, generate_kwargs, seed=0) -> Counter:
+def sample_many(target, generate_kwargs, seed=0, accepted: list | None = None) -> Counter:
+    """Counts of the first NEW_TOKENS sampled tokens; `accepted` collects each DART call's accepted lengths."""
     torch.manual_seed(seed)
     counts = Counter()
     for _ in range(SAMPLES):
         out = target.generate(PROMPT, max_new_tokens=NEW_TOKENS, do_sample=True, **generate_kwargs)
         counts[tuple(out[0, PROMPT.shape[1] :].tolist())] += 1
+        if accepted is not None:
+            accepted += generate_kwargs["assistant_model"].stats.accepted_lengths
     return counts
 
 
@@ -97,14 +100,21 @@ def target_and_draft():
     return target, DartDraftModel.from_target(target, feature_layers=[1, 2, 3])
 
 
+# the drafted trees of sampling mode: a chain of tokens drawn from the draft (the default), DART's deterministic tree
+DRAFTS = {"drawn_chain": {}, "deterministic_tree": {"sample_drafts": 0}}
+
+
+@pytest.mark.parametrize("drafts", list(DRAFTS))
 @pytest.mark.parametrize("setting", list(SETTINGS))
-def test_dart_sampling_matches_the_exact_target_distribution(target_and_draft, setting):
+def test_dart_sampling_matches_the_exact_target_distribution(target_and_draft, setting, drafts):
     target, draft = target_and_draft
     kwargs, processors = SETTINGS[setting]
     expected = exact_joint(target, processors)
-    fixed_tree = {"adaptive": False}  # every step a tree (plain steps are vanilla's own: test_budget.py)
-    observed = sample_many(target, dict(kwargs, assistant_model=draft, tree_options=fixed_tree))
-    assert draft.stats.verify_steps >= 1 and max(draft.stats.accepted_lengths) >= 2  # the tree was used
+    fixed_tree = {"adaptive": False, **DRAFTS[drafts]}  # every step a tree (plain steps: test_budget.py)
+    accepted = []
+    observed = sample_many(target, dict(kwargs, assistant_model=draft, tree_options=fixed_tree), accepted=accepted)
+    assert sum(length >= 2 for length in accepted) >= SAMPLES // 10  # drafted tokens were accepted, often
+    assert set(draft.stats.tree_sizes) == ({9} if drafts == "drawn_chain" else {61})
     statistic, critical = chi_square(observed, expected, SAMPLES)
     assert statistic < critical, (statistic, critical)
 
@@ -116,7 +126,7 @@ def test_vanilla_sampling_passes_the_same_test(target_and_draft):
     assert statistic < critical, (statistic, critical)
 
 
-def biased_sample_child(scores, children):
+def biased_sample_child(scores, children, proposals=None):
     """A wrong rule: rejected drafts are not removed from the residual, so drafted tokens are over-weighted."""
     probs = torch.softmax(scores.float(), dim=-1)
     for token, child in children.items():
@@ -129,7 +139,8 @@ def test_the_test_rejects_a_wrong_acceptance_rule(target_and_draft, monkeypatch)
     target, draft = target_and_draft
     kwargs, processors = SETTINGS["temperature"]
     monkeypatch.setattr(dart_hf.verify, "sample_child", biased_sample_child)
-    observed = sample_many(target, dict(kwargs, assistant_model=draft, tree_options={"adaptive": False}))
+    deterministic_tree = {"adaptive": False, "sample_drafts": 0}
+    observed = sample_many(target, dict(kwargs, assistant_model=draft, tree_options=deterministic_tree))
     statistic, critical = chi_square(observed, exact_joint(target, processors), SAMPLES)
     assert statistic > critical, (statistic, critical)
 
@@ -150,6 +161,41 @@ def test_sample_child_is_exact_for_any_child_order(seed):
     assert statistic < critical and counts[5] == 0
     torch.manual_seed(seed)
     biased = Counter(biased_sample_child(scores, children)[0] for _ in range(draws))
+    assert chi_square(biased, expected, draws)[0] > critical
+
+
+def residual_free_sample_child(scores, children, proposals=None):
+    """A wrong rule for drawn drafts: on rejection the next token comes from p itself, not from (p - q)+."""
+    probs = torch.softmax(scores.float(), dim=-1)
+    for token, child in children.items():
+        q = proposals[child] if proposals and child in proposals else None
+        threshold = float(probs[token]) if q is None else min(1.0, float(probs[token]) / float(q[token]))
+        if float(torch.rand(())) < threshold:
+            return token, child
+    return int(torch.multinomial(probs, num_samples=1)), None
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_sample_child_is_exact_with_drawn_and_deterministic_children(seed):
+    generator = torch.Generator().manual_seed(seed)
+    scores = torch.randn(6, generator=generator) * 2
+    scores[5] = -math.inf  # a token the warpers removed: a drawn draft may still propose it
+    probs = torch.softmax(scores, dim=-1)
+    proposal = torch.softmax(torch.randn(6, generator=generator) * 2, dim=-1)  # a draft that guesses p poorly
+    torch.manual_seed(seed)
+    draws = 20000
+    counts, biased = Counter(), Counter()
+    for _ in range(draws):
+        drawn = int(torch.multinomial(proposal, 1))  # a drawn child first, then deterministic ones
+        children = {drawn: 1}
+        for node, token in enumerate((2, 4), start=2):
+            children.setdefault(token, node)
+        proposals = {1: proposal}
+        counts[sample_child(scores, children, proposals)[0]] += 1
+        biased[residual_free_sample_child(scores, children, proposals)[0]] += 1
+    expected = {token: float(probs[token]) for token in range(6)}
+    statistic, critical = chi_square(counts, expected, draws)
+    assert statistic < critical and counts[5] == 0
     assert chi_square(biased, expected, draws)[0] > critical
 
 

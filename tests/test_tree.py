@@ -1,4 +1,4 @@
-"""Tree structure and the plain top-k tree policy."""
+"""Tree structure and the tree policies: plain top-k, DART's beam search, the sampled chain."""
 
 import itertools
 
@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 from dart_hf.ngram import NgramTable
-from dart_hf.tree import BeamSearchTreePolicy, TopKTreePolicy, Tree
+from dart_hf.tree import BeamSearchTreePolicy, SampledChainPolicy, TopKTreePolicy, Tree
 
 
 def random_tree(size: int, generator: torch.Generator, vocab: int = 50) -> Tree:
@@ -177,3 +177,28 @@ def test_beam_search_without_ngram_and_with_draft_vocab_mapping():
     assert len(tree) == 61 and bool((tree.tokens[1:] % 2 == 1).all())
     expected = reference_beam_search(logits, torch.tensor([1, 2]), BeamSearchTreePolicy(budget=60, top_k=20, beam_width=20))
     assert {tuple(2 * t + 1 for t in path) for path in expected} == tree_paths(tree)
+
+
+def test_sampled_chain_draws_each_level_from_its_proposal():
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(8, 6, generator=generator) * 3
+    logits[:, 5] = -math.inf  # a draft token no level can draw
+    policy = SampledChainPolicy(budget=3, temperature=0.5, vocab_size=20)
+    draft_ids = torch.arange(6)
+    torch.manual_seed(0)
+    counts = torch.zeros(3, 6)
+    for _ in range(3000):
+        tree = policy(logits, torch.tensor([4, 7]), draft_to_target=lambda ids: 2 * ids + 1)
+        assert tree.parents.tolist() == [-1, 0, 1, 2] and tree.tokens[0] == 7 and tree.ranks.tolist() == [0, 1, 2, 3]
+        assert sorted(tree.proposals) == [1, 2, 3]
+        drawn = (tree.tokens[1:] - 1) // 2
+        counts[torch.arange(3), drawn] += 1
+    expected = torch.softmax(logits[:3] / 0.5, dim=-1)
+    for level in range(3):  # each node's proposal is its level's distribution at the policy's temperature, mapped
+        proposal = tree.proposals[level + 1]
+        torch.testing.assert_close(proposal[2 * draft_ids + 1], expected[level])
+        assert float(proposal.sum()) == pytest.approx(1.0) and proposal[0] == 0
+    assert counts[:, 5].sum() == 0
+    torch.testing.assert_close(counts / 3000, expected, atol=0.04, rtol=0)  # the draws follow the proposals
+    assert len(policy(logits, torch.tensor([4]), lambda ids: ids, budget=20)) == 9  # one node per level at most
+

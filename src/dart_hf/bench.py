@@ -36,7 +36,10 @@ from .zoo import load_draft, load_target
 
 BENCHMARK_SETS = [name for name, prompt_set in PROMPT_SETS.items() if prompt_set.role == "benchmark"]
 WARM_UP_PROMPT = "Say hello."  # not from any prompt set
-METHODS = ["vanilla", "vanilla_bf16", "prompt_lookup", "dart_chain", "dart_no_ngram", "dart_no_lookup", "dart"]
+METHODS = [
+    "vanilla", "vanilla_bf16", "prompt_lookup", "dart_chain", "dart_no_ngram", "dart_no_lookup", "dart_fixed_drafts",
+    "dart",
+]
 DEFAULT_METHODS = ["vanilla", "vanilla_bf16", "prompt_lookup", "dart_no_ngram", "dart"]
 
 
@@ -107,6 +110,8 @@ def run_benchmark(
                 options["use_ngram"] = False
             if method == "dart_no_lookup":  # the drafted trees alone, without context-lookup chains
                 options["lookup_length"] = 0
+            if method == "dart_fixed_drafts":  # sampling with DART's deterministic trees, not drawn chains
+                options["sample_drafts"] = 0
             if method == "dart_chain":  # Transformers' assisted decoding with DART's chain candidates
                 kwargs["dart_chain"] = True
             kwargs["tree_options"] = options

@@ -36,6 +36,9 @@ class DartConfig(PreTrainedConfig):
     draft's acceptance say is fastest, down to plain decoding when drafting loses (`dart_hf.budget`); it also
     weighs verifying, instead of a drafted tree, up to `tree_lookup_length` tokens copied from where the last
     `tree_lookup_max_match` tokens (or fewer) occurred earlier in the sequence (`dart_hf.lookup`; 0 turns it off).
+    When sampling (T > 0), `tree_sample_drafts` > 0 drafts a chain whose tokens are drawn from the draft's
+    distributions at `tree_sample_drafts` times the user's temperature and verified by speculative sampling
+    (`dart_hf.tree.SampledChainPolicy`); 0 keeps the deterministic trees of `tree_policy` for sampling too.
     """
 
     model_type = "dart"
@@ -77,6 +80,7 @@ class DartConfig(PreTrainedConfig):
     tree_adaptive: bool = True
     tree_lookup_length: int = 10
     tree_lookup_max_match: int = 3
+    tree_sample_drafts: float = 0.7
 
     def __post_init__(self, **kwargs):
         if self.head_dim is None:
@@ -114,6 +118,11 @@ class DartConfig(PreTrainedConfig):
             raise ValueError(
                 f"tree_lookup_length must be >= 0 (0 turns context lookup off) and tree_lookup_max_match >= 1, got "
                 f"{self.tree_lookup_length} and {self.tree_lookup_max_match}."
+            )
+        if not self.tree_sample_drafts >= 0:
+            raise ValueError(
+                f"tree_sample_drafts must be >= 0 (0 keeps deterministic trees when sampling), got "
+                f"{self.tree_sample_drafts}."
             )
         if self.tree_budget < 1 or self.tree_top_k < 1:
             raise ValueError(

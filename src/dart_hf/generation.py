@@ -31,11 +31,11 @@ from .budget import AdaptiveBudget, ForwardTimings, LookupEvidence, calibrate_fo
 from .features import forward_with_features, takes_logits_to_keep
 from .lookup import LookupTracker, find_continuations
 from .modeling_dart import DartDraftModel
-from .tree import BeamSearchTreePolicy, Tree, TopKTreePolicy, TreePolicy
+from .tree import BeamSearchTreePolicy, SampledChainPolicy, Tree, TopKTreePolicy, TreePolicy
 from .verify import accept, compact_cache, forward_tree
 
 # `tree_options` that steer the decode loop rather than the tree policy (the chain path has no use for them)
-DECODING_OPTIONS = ("adaptive", "lookup_length", "lookup_max_match")
+DECODING_OPTIONS = ("adaptive", "lookup_length", "lookup_max_match", "sample_drafts")
 
 
 @dataclass
@@ -107,7 +107,9 @@ def dart_generate(
     tree_policy: builds each tree from the draft logits; default: the draft config's policy (`tree_*` fields).
     tree_options: per-call overrides of the config's tree fields, named without the `tree_` prefix
         (`{"budget": 30, "ngram_weight": 0.3, "policy": "topk", "adaptive": False, "lookup_length": 0}`), plus
-        `use_ngram=False` to ignore the draft's N-gram table; tree_budget / tree_top_k are shortcuts.
+        `use_ngram=False` to ignore the draft's N-gram table; tree_budget / tree_top_k are shortcuts. When sampling,
+        `sample_drafts` (the config's `tree_sample_drafts`, default 0.7) > 0 drafts a chain of drawn tokens
+        (`sampled_chain_policy`) instead of the tree policy's deterministic tree; 0 keeps the tree.
 
     With `adaptive` (the config's `tree_adaptive`, default on) the budget is the largest tree; each step uses the
     budget that the measured forward costs and acceptance say is fastest, down to plain decoding steps when
@@ -125,9 +127,14 @@ def dart_generate(
     lookup_length = options.pop("lookup_length", config.tree_lookup_length)
     lookup_length = lookup_length if adaptive else 0  # whether a lookup pays is the controller's call
     lookup_max_match = options.pop("lookup_max_match", config.tree_lookup_max_match)
+    sample_drafts = options.pop("sample_drafts", config.tree_sample_drafts)
+    if not sample_drafts >= 0:
+        raise ValueError(f"sample_drafts must be >= 0 (0 keeps deterministic trees when sampling), got {sample_drafts}.")
     if tree_policy is None:
         options.update({k: v for k, v in (("budget", tree_budget), ("top_k", tree_top_k)) if v is not None})
         tree_policy = build_tree_policy(draft, eos_token_id=generation_config.eos_token_id, **options)
+        if generation_config.do_sample and sample_drafts:
+            tree_policy = sampled_chain_policy(draft, tree_policy.budget, sample_drafts, generation_config)
     cache = model_kwargs.get("cache")
     if not isinstance(cache, DynamicCache) or cache.get_seq_length() > 0:
         raise ValueError(
@@ -385,6 +392,18 @@ def build_tree_policy(draft: DartDraftModel, eos_token_id: int | list[int] | Non
         eos = eos.tolist()
     eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
     return BeamSearchTreePolicy(ngram=draft.ngram if use_ngram else None, eos_token_ids=eos_ids, **settings)
+
+
+def sampled_chain_policy(
+    draft: DartDraftModel, budget: int, sample_drafts: float, generation_config: GenerationConfig
+) -> SampledChainPolicy:
+    """The drafted chain of sampling mode: tokens drawn at `sample_drafts` times the user's temperature (the
+    target's distribution is that much flatter, and so is the draft's best guess at it), at most one per level."""
+    temperature = generation_config.temperature if generation_config.temperature else 1.0
+    return SampledChainPolicy(
+        budget=min(budget, draft.config.draft_length), temperature=sample_drafts * temperature,
+        vocab_size=draft.config.vocab_size,
+    )
 
 
 def install_generate_router(target: PreTrainedModel) -> None:

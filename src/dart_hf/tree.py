@@ -25,12 +25,15 @@ class Tree:
 
     ranks: optional `[N + 1]` long, the order in which the policy picked each node by score (root 0, best drafted
     node 1, ...): the tree a budget of m would have built is the nodes of rank <= m. None means node order.
+    proposals: for nodes whose token was drawn at random, node index -> the distribution `[V]` (target
+    vocabulary) it was drawn from, which sampling verification needs; other nodes are deterministic drafts.
     """
 
     tokens: torch.Tensor
     parents: torch.Tensor
     depths: torch.Tensor
     ranks: torch.Tensor | None = None
+    proposals: dict[int, torch.Tensor] | None = None
 
     @classmethod
     def from_parents(cls, tokens: torch.Tensor | list[int], parents: torch.Tensor | list[int]) -> Tree:
@@ -287,3 +290,44 @@ class BeamSearchTreePolicy:
             torch.from_numpy(np.concatenate([[0], depths[kept]]).astype(np.int64)),
             torch.from_numpy(ranks),
         )
+
+
+@dataclass
+class SampledChainPolicy:
+    """For sampling (T > 0): a chain whose token at level l is drawn from the draft's level-l distribution at
+    `temperature`, q_l = softmax(logits_l / temperature), each node keeping q_l as its proposal.
+
+    Sampling verification then accepts a drawn token x with probability min(1, p(x) / q(x)) and otherwise draws
+    from the residual (p - q)+ (speculative sampling), which commits exactly the target's distribution p for any
+    q. A drawn token is accepted with probability sum_x min(p(x), q(x)) where a deterministic top-1 draft has
+    p(top-1): where the target's distribution is spread (chat text at T=1) the drawn one holds more often.
+    `vocab_size` is the target's; the chain is at most one node per drafted level long.
+    """
+
+    budget: int = 8
+    temperature: float = 0.7
+    vocab_size: int = 0
+
+    def __call__(
+        self,
+        draft_logits: torch.Tensor,
+        context: torch.Tensor,
+        draft_to_target: Callable[[torch.Tensor], torch.Tensor],
+        budget: int | None = None,
+    ) -> Tree:
+        budget = self.budget if budget is None else budget
+        num_levels = min(budget, draft_logits.shape[0])
+        probs = torch.softmax(draft_logits[:num_levels].float() / self.temperature, dim=-1)  # [L, V_d]
+        drawn = torch.multinomial(probs, num_samples=1)[:, 0]  # [L] draft ids
+        target_ids = draft_to_target(torch.arange(probs.shape[-1], device=probs.device))  # [V_d]
+        proposals = {}
+        for level in range(num_levels):
+            proposal = probs.new_zeros(self.vocab_size)
+            proposal[target_ids] = probs[level]
+            proposals[level + 1] = proposal
+        tokens = [int(context[-1])] + draft_to_target(drawn).tolist()
+        tree = Tree.from_parents(tokens, list(range(-1, num_levels)))
+        tree.ranks = torch.arange(num_levels + 1)
+        tree.proposals = proposals
+        return tree
+

@@ -88,7 +88,7 @@ def accept(
         node_logits = logits[node : node + 1].to(dtype=torch.float32, copy=True)
         node_scores = logits_processor(prefix, node_logits)
         if do_sample:
-            token, child = sample_child(node_scores[0], children[node])
+            token, child = sample_child(node_scores[0], children[node], tree.proposals)
         else:
             token = int(node_scores.argmax(dim=-1))
             child = children[node].get(token)
@@ -102,20 +102,32 @@ def accept(
         prefix = torch.cat([prefix, prefix.new_tensor([[token]])], dim=-1)
 
 
-def sample_child(scores: torch.Tensor, children: dict[int, int]) -> tuple[int, int | None]:
-    """Draw the next token from softmax(scores) `[V]`, trying the drafted children first.
+def sample_child(
+    scores: torch.Tensor, children: dict[int, int], proposals: dict[int, torch.Tensor] | None = None
+) -> tuple[int, int | None]:
+    """Draw the next token from p = softmax(scores) `[V]`, trying the drafted children first, in order.
 
-    Each drafted token x is deterministic (q(x) = 1), so it is accepted with probability p(x); on rejection p(x) is
-    set to 0 and p renormalised before the next child is tried; if every child is rejected, the token is sampled
-    from what is left of p. The token's distribution is exactly p. Returns (token, child node or None).
+    A child drawn at random from a distribution q (`proposals[child]`, `[V]`) is accepted with probability
+    min(1, p(x) / q(x)); on rejection p becomes (p - q)+, renormalised (speculative sampling). Any other child is a
+    deterministic draft (q(x) = 1): accepted with probability p(x), on rejection p(x) is set to 0 and p
+    renormalised. If every child is rejected, the token is sampled from what is left of p. Each stage draws
+    exactly from the p it is given, so the token's distribution is exactly the target's. Returns (token, child
+    node or None).
     """
     probs = torch.softmax(scores.float(), dim=-1)
     for token, child in children.items():
-        if float(torch.rand(())) < float(probs[token]):
-            return token, child
-        probs[token] = 0
+        proposal = proposals.get(child) if proposals else None
+        if proposal is None:
+            if float(torch.rand(())) < float(probs[token]):
+                return token, child
+            probs[token] = 0
+        else:
+            proposal = proposal.to(device=probs.device, dtype=probs.dtype)
+            if float(torch.rand(())) * float(proposal[token]) < float(probs[token]):
+                return token, child
+            probs = (probs - proposal).clamp_(min=0)
         remaining = probs.sum()
-        if remaining <= 0:  # p(x) was 1 up to rounding: nothing else is possible
+        if remaining <= 0:  # p was that draft's q up to rounding: it could not have been rejected
             return token, child
         probs /= remaining
     return int(torch.multinomial(probs, num_samples=1)), None

@@ -1,0 +1,178 @@
+"""The tree search's settings replayed at T > 0: each tree's exact expected acceptance, from the target's own
+distributions at its nodes.
+
+Sampling verification (multi-draft rejection sampling with deterministic drafts, `dart_hf.verify.sample_child`)
+draws each committed token exactly from the target's distribution p and follows a drafted child whenever the draw
+is one; so a drafted node is reached with probability prod p(token | its prefix) over its path, and a step commits
+in expectation 1 + the sum of those products over the tree's nodes. A budget of m keeps the nodes of rank <= m
+(`Tree.ranks`), so one target forward over the largest tree gives the expected tau of every budget, with no
+sampling noise: the only randomness left is which texts (vanilla's own T > 0 replies) the trees are built on.
+
+For each setting of the beam search (`tree_*` fields of the draft's config), and for sampling mode's drawn chains
+(`{"sample_drafts": 0.7}`: tokens drawn from the draft, `dart_hf.tree.SampledChainPolicy`), it builds the tree at
+every output position, runs the target over it once (identical trees share the forward), and prints tau(m) beside the speed
+that the cached forward costs predict for the tree steps alone: tau(m) * f(1) / (f(m + 1) + overhead), plain
+decoding = 1.00. The prompts default to each benchmark set's 21st to 26th (`dart-hf bench` reads the first 20).
+
+    python benchmarks/sample_tree_replay.py --outputs logs/replay_sample.json     # about 2 minutes to generate
+    python benchmarks/sample_tree_replay.py --outputs logs/replay_sample.json --grid '{"full_softmax": true}'
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import DynamicCache, GenerationConfig
+
+from _common import greedy_outputs, report
+from dart_hf.budget import CANDIDATE_BUDGETS, calibrate_forward_costs
+from dart_hf.generation import build_tree_policy, sampled_chain_policy
+from dart_hf.tree import Tree
+from dart_hf.verify import forward_tree
+from dart_hf.zoo import load_draft, load_target
+from tree_replay import level_logits
+
+TARGET = "smollm2-135m-instruct"
+# the draft's own setting first; then the scores that sampling's acceptance suggests (a node's chance to be
+# reached is its path's product of probabilities: no level or logit decay, the whole vocabulary's softmax)
+DEFAULT_GRID = [
+    {},
+    {"full_softmax": True},
+    {"level_decay": 0.0, "logit_decay": 1.0},
+    {"level_decay": 0.0, "logit_decay": 1.0, "full_softmax": True},
+    {"level_decay": 0.0, "logit_decay": 1.0, "full_softmax": True, "ngram_weight": 0.25},
+    {"level_decay": 0.0, "logit_decay": 1.0, "full_softmax": True, "ngram_weight": 0.0},
+    {"policy": "topk"},
+    {"sample_drafts": 0.7},  # the drawn chain (`SampledChainPolicy`), sampling mode's default
+    {"sample_drafts": 1.0},
+    {"sample_drafts": 0.5},
+]
+
+
+def expected_accepted(tree: Tree, node_logits: torch.Tensor, temperature: float, budgets: list[int]) -> list[float]:
+    """Expected tokens a sampling verify step commits (the bonus token included) for each budget m: 1 + the sum,
+    over the drafted nodes of rank <= m, of the probability that sampling reaches the node.
+
+    A deterministic node is reached from its parent with probability p(token); a drawn one (`tree.proposals`,
+    only children without siblings here) with min(1, p(token) / q(token)), whose mean over the draws is
+    sum min(p, q): an unbiased estimate, one draw per position.
+
+    node_logits `[N + 1, V]`: the target's logits at every node (row i predicts the token after node i)."""
+    probs = torch.softmax(node_logits.float() / temperature, dim=-1)
+    parents, tokens = tree.parents.tolist(), tree.tokens.tolist()
+    ranks = tree.ranks.tolist() if tree.ranks is not None else list(range(len(tree)))
+    proposals = tree.proposals or {}
+    if proposals and len(set(parents[1:])) < len(tree) - 1:
+        raise ValueError("Drawn nodes are replayed in chains only (a drawn node's siblings see the residual).")
+    reach = [1.0] + [0.0] * (len(tree) - 1)
+    seen = set()
+    for node in range(1, len(tree)):  # parents come first
+        parent, token = parents[node], tokens[node]
+        if (parent, token) in seen:  # a repeated sibling token is never followed (verification takes the first)
+            continue
+        seen.add((parent, token))
+        p = float(probs[parent, token])
+        step = min(1.0, p / float(proposals[node][token])) if node in proposals else p
+        reach[node] = reach[parent] * step
+    return [1.0 + sum(r for r, rank in zip(reach[1:], ranks[1:]) if rank <= m) for m in budgets]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--outputs", type=Path, required=True, help="vanilla's sampled outputs: read, else written")
+    parser.add_argument("--draft", default="smollm2-135m-instruct-dart")
+    parser.add_argument("--skip", type=int, default=20, help="prompts of each set to pass over (bench's own)")
+    parser.add_argument("--prompts-per-set", type=int, default=6)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--max-budget", type=int, default=16, help="the largest tree replayed")
+    parser.add_argument("--grid", nargs="+", default=None, help="JSON settings (default: DEFAULT_GRID)")
+    parser.add_argument("--overhead-ms", type=float, default=8.0, help="draft + acceptance per tree step")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    outputs = greedy_outputs(
+        args.outputs, args.prompts_per_set, args.max_new_tokens, skip=args.skip, temperature=args.temperature
+    )
+
+    target, _ = load_target(TARGET)
+    draft = load_draft(args.draft, target)
+    draft.eval()
+    grid = [json.loads(item) for item in args.grid] if args.grid else DEFAULT_GRID
+    if grid[0] != {}:
+        grid = [{}] + grid
+    budgets = [m for m in CANDIDATE_BUDGETS if m <= args.max_budget]
+    sampling = GenerationConfig(do_sample=True, temperature=args.temperature)
+    policies = [
+        sampled_chain_policy(draft, args.max_budget, setting["sample_drafts"], sampling) if "sample_drafts" in setting
+        else build_tree_policy(draft, **{"budget": args.max_budget, **setting})
+        for setting in grid
+    ]
+    torch.manual_seed(0)  # the drawn chains' draws
+    feature_layers = list(draft.config.feature_layers)
+    costs = calibrate_forward_costs(target, feature_layers, args.max_budget + 1)
+
+    accepted = {(name, i): [] for name in outputs for i in range(len(grid))}
+    forwards = 0
+    with torch.no_grad():
+        for name, rows in outputs.items():
+            for row in rows:
+                sequence, prompt_length = row["prompt"] + row["output"], len(row["prompt"])
+                anchors, logits = level_logits(draft, target, torch.tensor([sequence]), prompt_length)
+                # decode steps only: the first tree's root is the first output token (anchor prompt_length - 1)
+                keep = anchors >= prompt_length - 1
+                anchors, logits = anchors[keep].tolist(), logits[keep]
+                if not anchors:
+                    continue
+                cache = DynamicCache()
+                target(input_ids=torch.tensor([sequence[: anchors[0] + 1]]), past_key_values=cache, use_cache=True)
+                for anchor, anchor_logits in zip(anchors, logits):
+                    context = torch.tensor(sequence[: anchor + 2])  # ends with the root
+                    past_len = cache.get_seq_length()
+                    by_tree = {}
+                    for index, policy in enumerate(policies):
+                        tree = policy(anchor_logits, context, draft.draft_to_target)
+                        key = (tuple(tree.tokens.tolist()), tuple(tree.parents.tolist()), tuple(tree.ranks.tolist()))
+                        if key not in by_tree:
+                            node_logits, _ = forward_tree(target, tree, cache, feature_layers)
+                            cache.crop(past_len - cache.get_seq_length())  # drop the tree's rows
+                            forwards += 1
+                            by_tree[key] = expected_accepted(tree, node_logits, args.temperature, budgets)
+                        accepted[name, index].append(by_tree[key])
+                    # the root joins the cache: the next anchor's prefix
+                    target(input_ids=torch.tensor([[sequence[anchor + 1]]]), past_key_values=cache, use_cache=True)
+            print(f"replayed {name}", flush=True)
+
+    positions = sum(len(accepted[name, 0]) for name in outputs)
+    results = {"draft": args.draft, "temperature": args.temperature, "positions": positions, "budgets": budgets,
+               "tree_forwards": forwards, "settings": []}
+    print(f"{positions} positions, {forwards} tree forwards")
+    print("| setting | " + " | ".join(f"tau({m})" for m in budgets) + " | best m | predicted |")
+    print("| --- | " + " | ".join("---" for _ in budgets) + " | --- | --- |")
+    overhead = args.overhead_ms / 1000
+
+    def best_speed(set_taus: np.ndarray) -> tuple[int, float]:
+        """(budget, predicted speed over plain decoding) of the fastest budget for these tau(m)."""
+        speeds = [tau * costs(1) / (costs(m + 1) + overhead) for tau, m in zip(set_taus, budgets)]
+        best = int(np.argmax(speeds))
+        return budgets[best], speeds[best]
+
+    for index, setting in enumerate(grid):
+        per_set = {name: np.array(accepted[name, index]).mean(axis=0) for name in outputs}
+        taus = np.concatenate([np.array(accepted[name, index]) for name in outputs]).mean(axis=0)
+        best_budget, speed = best_speed(taus)
+        results["settings"].append({
+            "setting": setting, "tau": taus.tolist(), "best_budget": best_budget, "predicted_speed": speed,
+            "per_set_tau": {n: t.tolist() for n, t in per_set.items()},
+            "per_set_predicted_speed": {n: best_speed(t)[1] for n, t in per_set.items()},
+        })
+        print(f"| {json.dumps(setting)} | " + " | ".join(f"{t:.3f}" for t in taus)
+              + f" | {best_budget} | {speed:.3f} |", flush=True)
+    if args.out is not None:
+        report(results, args.out)
+
+
+if __name__ == "__main__":
+    main()
