@@ -1,11 +1,12 @@
 """Shared by the benchmark scripts: print the results and write them as JSON when asked, the interleaved
-side-by-side run of several DART drafts against vanilla `generate`, and vanilla's greedy outputs that the replays
-read."""
+side-by-side run of several DART drafts against vanilla `generate`, vanilla's outputs that the replays read, and
+the replays' table of tree settings."""
 
 import json
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from dart_hf.bench import BENCHMARK_SETS, chat_inputs
@@ -111,3 +112,40 @@ def greedy_outputs(
     temporary.write_text(json.dumps(outputs))
     temporary.replace(path)
     return outputs
+
+
+def settings_table(
+    grid: list[dict], accepted: dict, budgets: list[int], costs, overheads: list[float], extra: list[dict] | None = None
+) -> list[dict]:
+    """Print a markdown row per tree setting and return the rows: tau(m) averaged over every replayed position, and
+    the fastest budget with the speed the forward costs predict for the tree steps alone over plain decoding,
+    tau(m) * f(1) / (f(m + 1) + overhead), overall and per set.
+
+    accepted: {(set, setting index): [[tokens committed per budget] per position]}; overheads: seconds per tree
+    step, per setting; extra: more columns per setting ({name: value}), printed before the taus."""
+    extra = extra or [{} for _ in grid]
+    sets = list(dict.fromkeys(name for name, _ in accepted))
+
+    def best_speed(taus: np.ndarray, overhead: float) -> tuple[int, float]:
+        speeds = [tau * costs(1) / (costs(m + 1) + overhead) for tau, m in zip(taus, budgets)]
+        best = int(np.argmax(speeds))
+        return budgets[best], speeds[best]
+
+    names = list(extra[0])
+    print("| setting | " + "".join(f"{n} | " for n in names) + " | ".join(f"tau({m})" for m in budgets)
+          + " | best m | predicted |")
+    print("| --- | " + "--- | " * len(names) + " | ".join("---" for _ in budgets) + " | --- | --- |")
+    rows = []
+    for index, setting in enumerate(grid):
+        per_set = {name: np.array(accepted[name, index]).mean(axis=0) for name in sets}
+        taus = np.concatenate([np.array(accepted[name, index]) for name in sets]).mean(axis=0)
+        best_budget, speed = best_speed(taus, overheads[index])
+        rows.append({
+            "setting": setting, **extra[index], "tau": taus.tolist(), "best_budget": best_budget,
+            "predicted_speed": speed, "per_set_tau": {n: t.tolist() for n, t in per_set.items()},
+            "per_set_predicted_speed": {n: best_speed(t, overheads[index])[1] for n, t in per_set.items()},
+        })
+        print(f"| {json.dumps(setting)} | " + "".join(f"{extra[index][n]:.1f} | " for n in names)
+              + " | ".join(f"{t:.3f}" for t in taus) + f" | {best_budget} | {speed:.3f} |", flush=True)
+    return rows
+

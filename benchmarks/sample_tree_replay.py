@@ -22,11 +22,10 @@ import argparse
 import json
 from pathlib import Path
 
-import numpy as np
 import torch
 from transformers import DynamicCache, GenerationConfig
 
-from _common import greedy_outputs, report
+from _common import greedy_outputs, report, settings_table
 from dart_hf.budget import CANDIDATE_BUDGETS, calibrate_forward_costs
 from dart_hf.generation import build_tree_policy, sampled_chain_policy
 from dart_hf.tree import Tree
@@ -46,6 +45,8 @@ DEFAULT_GRID = [
     {"level_decay": 0.0, "logit_decay": 1.0, "full_softmax": True, "ngram_weight": 0.0},
     {"policy": "topk"},
     {"sample_drafts": 0.7},  # the drawn chain (`SampledChainPolicy`), sampling mode's default
+    {"sample_drafts": 0.7, "use_ngram": False},  # its levels drawn from the draft's marginals alone
+    {"sample_drafts": 0.7, "ngram_weight": 1.0},
     {"sample_drafts": 1.0},
     {"sample_drafts": 0.5},
 ]
@@ -105,11 +106,12 @@ def main() -> None:
         grid = [{}] + grid
     budgets = [m for m in CANDIDATE_BUDGETS if m <= args.max_budget]
     sampling = GenerationConfig(do_sample=True, temperature=args.temperature)
-    policies = [
-        sampled_chain_policy(draft, args.max_budget, setting["sample_drafts"], sampling) if "sample_drafts" in setting
-        else build_tree_policy(draft, **{"budget": args.max_budget, **setting})
-        for setting in grid
-    ]
+    policies = []
+    for setting in grid:
+        options = {"budget": args.max_budget, **setting}
+        sample_drafts = options.pop("sample_drafts", 0)
+        policy = build_tree_policy(draft, **options)
+        policies.append(sampled_chain_policy(draft, policy, sample_drafts, sampling) if sample_drafts else policy)
     torch.manual_seed(0)  # the drawn chains' draws
     feature_layers = list(draft.config.feature_layers)
     costs = calibrate_forward_costs(target, feature_layers, args.max_budget + 1)
@@ -146,30 +148,10 @@ def main() -> None:
             print(f"replayed {name}", flush=True)
 
     positions = sum(len(accepted[name, 0]) for name in outputs)
-    results = {"draft": args.draft, "temperature": args.temperature, "positions": positions, "budgets": budgets,
-               "tree_forwards": forwards, "settings": []}
     print(f"{positions} positions, {forwards} tree forwards")
-    print("| setting | " + " | ".join(f"tau({m})" for m in budgets) + " | best m | predicted |")
-    print("| --- | " + " | ".join("---" for _ in budgets) + " | --- | --- |")
-    overhead = args.overhead_ms / 1000
-
-    def best_speed(set_taus: np.ndarray) -> tuple[int, float]:
-        """(budget, predicted speed over plain decoding) of the fastest budget for these tau(m)."""
-        speeds = [tau * costs(1) / (costs(m + 1) + overhead) for tau, m in zip(set_taus, budgets)]
-        best = int(np.argmax(speeds))
-        return budgets[best], speeds[best]
-
-    for index, setting in enumerate(grid):
-        per_set = {name: np.array(accepted[name, index]).mean(axis=0) for name in outputs}
-        taus = np.concatenate([np.array(accepted[name, index]) for name in outputs]).mean(axis=0)
-        best_budget, speed = best_speed(taus)
-        results["settings"].append({
-            "setting": setting, "tau": taus.tolist(), "best_budget": best_budget, "predicted_speed": speed,
-            "per_set_tau": {n: t.tolist() for n, t in per_set.items()},
-            "per_set_predicted_speed": {n: best_speed(t)[1] for n, t in per_set.items()},
-        })
-        print(f"| {json.dumps(setting)} | " + " | ".join(f"{t:.3f}" for t in taus)
-              + f" | {best_budget} | {speed:.3f} |", flush=True)
+    rows = settings_table(grid, accepted, budgets, costs, [args.overhead_ms / 1000] * len(grid))
+    results = {"draft": args.draft, "temperature": args.temperature, "positions": positions, "budgets": budgets,
+               "tree_forwards": forwards, "settings": rows}
     if args.out is not None:
         report(results, args.out)
 

@@ -19,10 +19,9 @@ import json
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from _common import greedy_outputs, report
+from _common import greedy_outputs, report, settings_table
 from dart_hf.budget import CANDIDATE_BUDGETS, calibrate_forward_costs
 from dart_hf.generation import build_tree_policy
 from dart_hf.training.trainer import draft_rows
@@ -130,30 +129,10 @@ def main() -> None:
             print(f"replayed {name}", flush=True)
 
     positions = sum(len(accepted[name, 0]) for name in outputs)
-    results = {"draft": args.draft, "positions": positions, "budgets": budgets, "settings": []}
-    print(f"| setting | search ms | " + " | ".join(f"tau({m})" for m in budgets) + " | best m | predicted |")
-    print("| --- | --- | " + " | ".join("---" for _ in budgets) + " | --- | --- |")
-    for index, setting in enumerate(grid):
-        per_set = {name: np.array(accepted[name, index]).mean(axis=0) for name in outputs}
-        taus = np.concatenate([np.array(accepted[name, index]) for name in outputs]).mean(axis=0)
-        search_ms = 1000 * search_seconds[index] / positions
-        overhead = (args.overhead_ms + search_ms) / 1000
-
-        def best_speed(set_taus: np.ndarray) -> tuple[int, float]:
-            """(budget, predicted speed over plain decoding) of the fastest budget for these tau(m)."""
-            speeds = [tau * costs(1) / (costs(m + 1) + overhead) for tau, m in zip(set_taus, budgets)]
-            best = int(np.argmax(speeds))
-            return budgets[best], speeds[best]
-
-        best_budget, speed = best_speed(taus)
-        set_speeds = {name: best_speed(set_taus)[1] for name, set_taus in per_set.items()}
-        results["settings"].append({
-            "setting": setting, "search_ms": search_ms, "tau": taus.tolist(), "best_budget": best_budget,
-            "predicted_speed": speed, "per_set_tau": {n: t.tolist() for n, t in per_set.items()},
-            "per_set_predicted_speed": set_speeds,
-        })
-        print(f"| {json.dumps(setting)} | {search_ms:.1f} | " + " | ".join(f"{t:.2f}" for t in taus)
-              + f" | {best_budget} | {speed:.3f} |", flush=True)
+    search_ms = [1000 * seconds / positions for seconds in search_seconds]
+    overheads = [(args.overhead_ms + ms) / 1000 for ms in search_ms]
+    rows = settings_table(grid, accepted, budgets, costs, overheads, [{"search ms": ms} for ms in search_ms])
+    results = {"draft": args.draft, "positions": positions, "budgets": budgets, "settings": rows}
     if args.out is not None:
         report(results, args.out)
 

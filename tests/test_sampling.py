@@ -20,7 +20,7 @@ from transformers import (
 
 import dart_hf.verify
 from _helpers import tiny_target
-from dart_hf import DartDraftModel
+from dart_hf import DartDraftModel, NgramTable
 from dart_hf.verify import sample_child
 
 VOCAB, NEW_TOKENS, SAMPLES = 8, 3, 1500
@@ -101,7 +101,8 @@ def target_and_draft():
 
 
 # the drafted trees of sampling mode: a chain of tokens drawn from the draft (the default), DART's deterministic tree
-DRAFTS = {"drawn_chain": {}, "deterministic_tree": {"sample_drafts": 0}}
+# (the N-gram case: levels below the first drawn from continuity-weighted top-k scores)
+DRAFTS = {"drawn_chain": {}, "drawn_chain_ngram": {}, "deterministic_tree": {"sample_drafts": 0}}
 
 
 @pytest.mark.parametrize("drafts", list(DRAFTS))
@@ -112,9 +113,15 @@ def test_dart_sampling_matches_the_exact_target_distribution(target_and_draft, s
     expected = exact_joint(target, processors)
     fixed_tree = {"adaptive": False, **DRAFTS[drafts]}  # every step a tree (plain steps: test_budget.py)
     accepted = []
-    observed = sample_many(target, dict(kwargs, assistant_model=draft, tree_options=fixed_tree), accepted=accepted)
+    if drafts == "drawn_chain_ngram":  # a table that knows some continuations of this vocabulary, not the target's
+        sequences = torch.randint(0, VOCAB, (40, 12), generator=torch.Generator().manual_seed(1)).tolist()
+        draft.ngram = NgramTable.from_sequences(sequences, vocab_size=VOCAB, eos_token_id=0, progress=False)
+    try:
+        observed = sample_many(target, dict(kwargs, assistant_model=draft, tree_options=fixed_tree), accepted=accepted)
+    finally:
+        draft.ngram = None
     assert sum(length >= 2 for length in accepted) >= SAMPLES // 10  # drafted tokens were accepted, often
-    assert set(draft.stats.tree_sizes) == ({9} if drafts == "drawn_chain" else {61})
+    assert set(draft.stats.tree_sizes) == ({61} if drafts == "deterministic_tree" else {9})
     statistic, critical = chi_square(observed, expected, SAMPLES)
     assert statistic < critical, (statistic, critical)
 

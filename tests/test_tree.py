@@ -202,3 +202,21 @@ def test_sampled_chain_draws_each_level_from_its_proposal():
     torch.testing.assert_close(counts / 3000, expected, atol=0.04, rtol=0)  # the draws follow the proposals
     assert len(policy(logits, torch.tensor([4]), lambda ids: ids, budget=20)) == 9  # one node per level at most
 
+
+
+def test_sampled_chain_with_an_ngram_draws_deeper_levels_from_the_continuity_scores():
+    # the table has only seen 7 -> 2 -> 4, so after the root 7 and a drawn 2, level 1 should favour 4 by exactly the
+    # N-gram factor; the chain's first level is the draft's alone, as in the beam search
+    table = NgramTable.from_sequences([[7, 2, 4]] * 5, vocab_size=10, eos_token_id=9, progress=False)
+    logits = torch.zeros(3, 10)
+    logits[0, 2] = 50.0  # level 0 draws 2 (as good as surely)
+    logits[1, [1, 3, 4, 6]] = 1.0  # level 1's top 4, alike to the draft
+    policy = SampledChainPolicy(budget=2, temperature=1.0, vocab_size=10, ngram=table, ngram_weight=0.5, top_k=4)
+    tree = policy(logits, torch.tensor([5, 7]), draft_to_target=lambda ids: ids)
+    assert tree.tokens[:2].tolist() == [7, 2]
+    torch.testing.assert_close(tree.proposals[1], torch.softmax(logits[0], dim=-1))
+    level_one = tree.proposals[2]
+    assert int((level_one > 0).sum()) == 4  # drawn from the level's top-k only
+    # P(4 | 7, 2) = 1 and every other candidate is unseen (1e-10): weights 1 against 1e-10 ** 0.5
+    assert float(level_one[4]) == pytest.approx(1 / (1 + 3e-5), rel=1e-4)
+    assert float(level_one.sum()) == pytest.approx(1.0)

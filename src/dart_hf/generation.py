@@ -134,7 +134,7 @@ def dart_generate(
         options.update({k: v for k, v in (("budget", tree_budget), ("top_k", tree_top_k)) if v is not None})
         tree_policy = build_tree_policy(draft, eos_token_id=generation_config.eos_token_id, **options)
         if generation_config.do_sample and sample_drafts:
-            tree_policy = sampled_chain_policy(draft, tree_policy.budget, sample_drafts, generation_config)
+            tree_policy = sampled_chain_policy(draft, tree_policy, sample_drafts, generation_config)
     cache = model_kwargs.get("cache")
     if not isinstance(cache, DynamicCache) or cache.get_seq_length() > 0:
         raise ValueError(
@@ -395,14 +395,16 @@ def build_tree_policy(draft: DartDraftModel, eos_token_id: int | list[int] | Non
 
 
 def sampled_chain_policy(
-    draft: DartDraftModel, budget: int, sample_drafts: float, generation_config: GenerationConfig
+    draft: DartDraftModel, tree_policy: TreePolicy, sample_drafts: float, generation_config: GenerationConfig
 ) -> SampledChainPolicy:
     """The drafted chain of sampling mode: tokens drawn at `sample_drafts` times the user's temperature (the
-    target's distribution is that much flatter, and so is the draft's best guess at it), at most one per level."""
+    target's distribution is that much flatter, and so is the draft's best guess at it), at most one per level,
+    with the budget, top-k and N-gram table (with its weight) of `tree_policy`, the tree it replaces."""
     temperature = generation_config.temperature if generation_config.temperature else 1.0
     return SampledChainPolicy(
-        budget=min(budget, draft.config.draft_length), temperature=sample_drafts * temperature,
-        vocab_size=draft.config.vocab_size,
+        budget=min(tree_policy.budget, draft.config.draft_length), temperature=sample_drafts * temperature,
+        vocab_size=draft.config.vocab_size, ngram=getattr(tree_policy, "ngram", None),
+        ngram_weight=getattr(tree_policy, "ngram_weight", 0.0), top_k=tree_policy.top_k,
     )
 
 

@@ -301,12 +301,19 @@ class SampledChainPolicy:
     from the residual (p - q)+ (speculative sampling), which commits exactly the target's distribution p for any
     q. A drawn token is accepted with probability sum_x min(p(x), q(x)) where a deterministic top-1 draft has
     p(top-1): where the target's distribution is spread (chat text at T=1) the drawn one holds more often.
-    `vocab_size` is the target's; the chain is at most one node per drafted level long.
+
+    The draft's levels are marginals, blind to the tokens drawn above them; with an N-gram table, levels below the
+    first draw from their `top_k` tokens scored as the beam search scores them, logits / temperature +
+    `ngram_weight` * log P_ngram(token | the last tokens of text + chain) (log 0 read as log 1e-10), so that the
+    chain stays continuous. `vocab_size` is the target's; the chain is at most one node per drafted level long.
     """
 
     budget: int = 8
     temperature: float = 0.7
     vocab_size: int = 0
+    ngram: NgramTable | None = None
+    ngram_weight: float = 0.5
+    top_k: int = 25
 
     def __call__(
         self,
@@ -317,17 +324,31 @@ class SampledChainPolicy:
     ) -> Tree:
         budget = self.budget if budget is None else budget
         num_levels = min(budget, draft_logits.shape[0])
-        probs = torch.softmax(draft_logits[:num_levels].float() / self.temperature, dim=-1)  # [L, V_d]
-        drawn = torch.multinomial(probs, num_samples=1)[:, 0]  # [L] draft ids
-        target_ids = draft_to_target(torch.arange(probs.shape[-1], device=probs.device))  # [V_d]
+        scaled = draft_logits[:num_levels].float() / self.temperature  # [L, V_d]
+        target_ids = draft_to_target(torch.arange(scaled.shape[-1], device=scaled.device))  # [V_d]
+        tokens = [int(context[-1])]
         proposals = {}
+        history = context[-(self.ngram.order - 1) :].tolist() if self.ngram is not None else []
         for level in range(num_levels):
-            proposal = probs.new_zeros(self.vocab_size)
-            proposal[target_ids] = probs[level]
+            if self.ngram is None or level == 0:
+                probs = torch.softmax(scaled[level], dim=-1)
+                drawn = int(torch.multinomial(probs, num_samples=1))
+                proposal = probs.new_zeros(self.vocab_size)
+                proposal[target_ids] = probs
+            else:
+                top_scores, top_ids = scaled[level].topk(min(self.top_k, scaled.shape[-1]))
+                candidates = target_ids[top_ids].cpu().numpy()[None]
+                ngram_probs = self.ngram.probabilities(np.array([history[-(self.ngram.order - 1) :]]), candidates)
+                log_ngram = torch.from_numpy(np.log(np.maximum(ngram_probs[0], 1e-10))).to(top_scores.device)
+                probs = torch.softmax(top_scores + self.ngram_weight * log_ngram, dim=-1)
+                drawn = int(top_ids[torch.multinomial(probs, num_samples=1)])
+                proposal = probs.new_zeros(self.vocab_size)
+                proposal[target_ids[top_ids]] = probs
+            token = int(target_ids[drawn])
+            tokens.append(token)
+            history.append(token)
             proposals[level + 1] = proposal
-        tokens = [int(context[-1])] + draft_to_target(drawn).tolist()
         tree = Tree.from_parents(tokens, list(range(-1, num_levels)))
         tree.ranks = torch.arange(num_levels + 1)
         tree.proposals = proposals
         return tree
-
