@@ -2,6 +2,7 @@
 side-by-side run of several DART drafts against vanilla `generate`, vanilla's outputs that the replays read, and
 the replays' table of tree settings."""
 
+import argparse
 import json
 import time
 from pathlib import Path
@@ -85,10 +86,10 @@ def interleaved_speedups(target, tokenizer, drafts: dict, prompts_per_set: int, 
     return results
 
 
-def greedy_outputs(
+def vanilla_outputs(
     path: Path, prompts_per_set: int, max_new_tokens: int, skip: int = 0, temperature: float = 0.0
 ) -> dict[str, list[dict]]:
-    """{set: [{"prompt": token ids, "output": token ids}]}: vanilla greedy `generate` of the packaged SmolLM2 on
+    """{set: [{"prompt": token ids, "output": token ids}]}: vanilla `generate` (greedy) of the packaged SmolLM2 on
     prompts skip .. skip + prompts_per_set - 1 of each benchmark set, read from `path` if it exists, else
     generated and written there (under a temporary name, then renamed). temperature > 0: sampled replies instead,
     from `torch.manual_seed` of the prompt's index before each."""
@@ -148,4 +149,19 @@ def settings_table(
         print(f"| {json.dumps(setting)} | " + "".join(f"{extra[index][n]:.1f} | " for n in names)
               + " | ".join(f"{t:.3f}" for t in taus) + f" | {best_budget} | {speed:.3f} |", flush=True)
     return rows
+
+
+def tree_replay_parser(doc: str, prompts_per_set: int, max_new_tokens: int, outputs_help: str, grid_help: str):
+    """The arguments both tree replays take: vanilla's outputs (read, else written), the draft, which prompts of each
+    set, the grid of tree settings, the modelled overhead per tree step and the JSON output."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--outputs", type=Path, required=True, help=outputs_help)
+    parser.add_argument("--draft", default="smollm2-135m-instruct-dart")
+    parser.add_argument("--skip", type=int, default=20, help="prompts of each set to pass over (bench's own)")
+    parser.add_argument("--prompts-per-set", type=int, default=prompts_per_set)
+    parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
+    parser.add_argument("--grid", nargs="+", default=None, help=grid_help)
+    parser.add_argument("--overhead-ms", type=float, default=8.0, help="draft + acceptance per tree step")
+    parser.add_argument("--out", type=Path, default=None)
+    return parser
 

@@ -14,7 +14,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from _common import greedy_outputs
+from _common import vanilla_outputs
 
 from dart_hf.lookup import LookupTracker, find_continuations
 
@@ -43,7 +43,7 @@ def main() -> None:
     parser.add_argument("--max-match", type=int, default=3)
     parser.add_argument("--length", type=int, default=10)
     args = parser.parse_args()
-    outputs = greedy_outputs(args.outputs, args.prompts_per_set, args.max_new_tokens)
+    outputs = vanilla_outputs(args.outputs, args.prompts_per_set, args.max_new_tokens)
     print("| match | occurrences disagree | occurrence | positions | first token held | mean tokens held |")
     print("| --- | --- | --- | --- | --- | --- |")
     for kind, counts in sorted(replay(outputs, args.max_match, args.length).items()):

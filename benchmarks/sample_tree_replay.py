@@ -18,14 +18,12 @@ decoding = 1.00. The prompts default to each benchmark set's 21st to 26th (`dart
     python benchmarks/sample_tree_replay.py --outputs logs/replay_sample.json --grid '{"full_softmax": true}'
 """
 
-import argparse
 import json
-from pathlib import Path
 
 import torch
 from transformers import DynamicCache, GenerationConfig
 
-from _common import greedy_outputs, report, settings_table
+from _common import report, settings_table, tree_replay_parser, vanilla_outputs
 from dart_hf.budget import CANDIDATE_BUDGETS, calibrate_forward_costs
 from dart_hf.generation import build_tree_policy, sampled_chain_policy
 from dart_hf.tree import Tree
@@ -81,20 +79,13 @@ def expected_accepted(tree: Tree, node_logits: torch.Tensor, temperature: float,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--outputs", type=Path, required=True, help="vanilla's sampled outputs: read, else written")
-    parser.add_argument("--draft", default="smollm2-135m-instruct-dart")
-    parser.add_argument("--skip", type=int, default=20, help="prompts of each set to pass over (bench's own)")
-    parser.add_argument("--prompts-per-set", type=int, default=6)
-    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser = tree_replay_parser(__doc__, 6, 32, "vanilla's sampled outputs: read if present, else written",
+                                "JSON settings (default: DEFAULT_GRID)")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--max-budget", type=int, default=16, help="the largest tree replayed")
-    parser.add_argument("--grid", nargs="+", default=None, help="JSON settings (default: DEFAULT_GRID)")
-    parser.add_argument("--overhead-ms", type=float, default=8.0, help="draft + acceptance per tree step")
-    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     torch.set_num_threads(2)
-    outputs = greedy_outputs(
+    outputs = vanilla_outputs(
         args.outputs, args.prompts_per_set, args.max_new_tokens, skip=args.skip, temperature=args.temperature
     )
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from _common import greedy_outputs, report
+from _common import vanilla_outputs, report
 from dart_hf.training.trainer import greedy_agreement
 from dart_hf.zoo import load_draft, load_target
 
@@ -38,7 +38,7 @@ def main() -> None:
     parser.add_argument("--prompts-per-set", type=int, default=6)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    outputs = greedy_outputs(args.outputs, 12, 64, skip=20)
+    outputs = vanilla_outputs(args.outputs, 12, 64, skip=20)
     target, _ = load_target("smollm2-135m-instruct")
     draft = load_draft(args.draft, target)
     teachers = {"float32": target, "bfloat16": copy.deepcopy(target).to(torch.bfloat16)}

@@ -14,14 +14,12 @@ The prompts default to each benchmark set's 21st to 32nd, so that settings chose
     python benchmarks/tree_replay.py --outputs logs/replay_greedy.json --draft drafts/x --grid ngram_weight=0,1
 """
 
-import argparse
 import json
 import time
-from pathlib import Path
 
 import torch
 
-from _common import greedy_outputs, report, settings_table
+from _common import report, settings_table, tree_replay_parser, vanilla_outputs
 from dart_hf.budget import CANDIDATE_BUDGETS, calibrate_forward_costs
 from dart_hf.generation import build_tree_policy
 from dart_hf.training.trainer import draft_rows
@@ -89,18 +87,11 @@ def parse_grid(items: list[str]) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--outputs", type=Path, required=True, help="greedy outputs: read if present, else written")
-    parser.add_argument("--draft", default="smollm2-135m-instruct-dart")
-    parser.add_argument("--skip", type=int, default=20, help="prompts of each set to pass over (bench's own)")
-    parser.add_argument("--prompts-per-set", type=int, default=12)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--grid", nargs="+", default=None, help="name=v1,v2 ... (default: DEFAULT_GRID)")
-    parser.add_argument("--overhead-ms", type=float, default=8.0, help="draft + acceptance per tree step")
-    parser.add_argument("--out", type=Path, default=None)
+    parser = tree_replay_parser(__doc__, 12, 64, "greedy outputs: read if present, else written",
+                                "name=v1,v2 ... (default: DEFAULT_GRID)")
     args = parser.parse_args()
     torch.set_num_threads(2)
-    outputs = greedy_outputs(args.outputs, args.prompts_per_set, args.max_new_tokens, skip=args.skip)
+    outputs = vanilla_outputs(args.outputs, args.prompts_per_set, args.max_new_tokens, skip=args.skip)
 
     target, _ = load_target(TARGET)
     draft = load_draft(args.draft, target)

@@ -325,28 +325,24 @@ class SampledChainPolicy:
         budget = self.budget if budget is None else budget
         num_levels = min(budget, draft_logits.shape[0])
         scaled = draft_logits[:num_levels].float() / self.temperature  # [L, V_d]
-        target_ids = draft_to_target(torch.arange(scaled.shape[-1], device=scaled.device))  # [V_d]
+        draft_ids = torch.arange(scaled.shape[-1], device=scaled.device)
+        target_ids = draft_to_target(draft_ids)  # [V_d]
+        committed = context[-(self.ngram.order - 1) :].tolist() if self.ngram is not None else []
         tokens = [int(context[-1])]
         proposals = {}
-        history = context[-(self.ngram.order - 1) :].tolist() if self.ngram is not None else []
         for level in range(num_levels):
-            if self.ngram is None or level == 0:
-                probs = torch.softmax(scaled[level], dim=-1)
-                drawn = int(torch.multinomial(probs, num_samples=1))
-                proposal = probs.new_zeros(self.vocab_size)
-                proposal[target_ids] = probs
-            else:
-                top_scores, top_ids = scaled[level].topk(min(self.top_k, scaled.shape[-1]))
-                candidates = target_ids[top_ids].cpu().numpy()[None]
-                ngram_probs = self.ngram.probabilities(np.array([history[-(self.ngram.order - 1) :]]), candidates)
-                log_ngram = torch.from_numpy(np.log(np.maximum(ngram_probs[0], 1e-10))).to(top_scores.device)
-                probs = torch.softmax(top_scores + self.ngram_weight * log_ngram, dim=-1)
-                drawn = int(top_ids[torch.multinomial(probs, num_samples=1)])
-                proposal = probs.new_zeros(self.vocab_size)
-                proposal[target_ids[top_ids]] = probs
-            token = int(target_ids[drawn])
-            tokens.append(token)
-            history.append(token)
+            candidates, scores = draft_ids, scaled[level]  # the draft's own distribution: every draft token
+            if self.ngram is not None and level > 0:  # its top-k, weighted by continuity with the chain so far
+                scores, candidates = scores.topk(min(self.top_k, scores.shape[-1]))
+                ngram_context = np.array([(committed + tokens[1:])[-(self.ngram.order - 1) :]])
+                ngram_probs = self.ngram.probabilities(ngram_context, target_ids[candidates].cpu().numpy()[None])
+                log_ngram = torch.from_numpy(np.log(np.maximum(ngram_probs[0], 1e-10))).to(scores.device)
+                scores = scores + self.ngram_weight * log_ngram
+            probs = torch.softmax(scores, dim=-1)
+            drawn = int(candidates[torch.multinomial(probs, num_samples=1)])
+            proposal = probs.new_zeros(self.vocab_size)
+            proposal[target_ids[candidates]] = probs
+            tokens.append(int(target_ids[drawn]))
             proposals[level + 1] = proposal
         tree = Tree.from_parents(tokens, list(range(-1, num_levels)))
         tree.ranks = torch.arange(num_levels + 1)
