@@ -28,6 +28,7 @@ args = TrainingArguments(
 trainer = DartTrainer(model=draft, args=args, train_dataset=examples, data_collator=DartDataCollator(), target=target)
 trainer.train()
 rank = dist.get_rank()
-checksums = {name: float(p.double().sum()) for name, p in draft.named_parameters()}
+checksums = {name: float(p.detach().double().sum()) for name, p in draft.named_parameters()}
 (output / f"rank{rank}.json").write_text(json.dumps({"world": dist.get_world_size(), "checksums": checksums,
                                                     "losses": [e["loss"] for e in trainer.state.log_history if "loss" in e]}))
+trainer.accelerator.end_training()  # destroys the process group: left to interpreter exit, gloo's threads can abort

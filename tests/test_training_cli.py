@@ -67,7 +67,7 @@ def test_torchrun_two_ranks_agree_on_the_weights(tmp_path):
     script = Path(__file__).parent / "ddp_train.py"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
          str(script), str(tmp_path), str(tmp_path / "train.jsonl")],
         capture_output=True, text=True, env=env, timeout=600,
     )

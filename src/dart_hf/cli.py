@@ -204,6 +204,7 @@ def train_command(argv: list[str]) -> None:
         print(logged[-1] if logged else trainer.evaluate())
     if trainer.is_world_process_zero():  # the training and evaluation history beside the final weights
         trainer.state.save_to_json(str(Path(training_args.output_dir) / "trainer_state.json"))
+    trainer.accelerator.end_training()  # under torchrun: destroys the process group, which gloo needs before exit
 
 
 def main(argv: list[str] | None = None) -> None:
