@@ -9,15 +9,17 @@ in expectation 1 + the sum of those products over the tree's nodes. A budget of 
 sampling noise: the only randomness left is which texts (vanilla's own T > 0 replies) the trees are built on.
 
 For each setting of the beam search (`tree_*` fields of the draft's config), and for sampling mode's drawn chains
-(`{"sample_drafts": 0.7}`: tokens drawn from the draft, `dart_hf.tree.SampledChainPolicy`), it builds the tree at
-every output position, runs the target over it once (identical trees share the forward), and prints tau(m) beside the speed
-that the cached forward costs predict for the tree steps alone: tau(m) * f(1) / (f(m + 1) + overhead), plain
+(`{"sample_drafts": 0.7}`: tokens drawn from the draft, `dart_hf.tree.SampledChainPolicy`; `"siblings": s,
+"sibling_position": k` adds s more drawn first-level tokens after the chain's first k nodes, a layout the package
+does not build), it builds the tree at every output position, runs the target over it once (trees of the same
+tokens share the forward), and prints tau(m) beside the speed that the cached forward costs predict for the tree steps alone: tau(m) * f(1) / (f(m + 1) + overhead), plain
 decoding = 1.00. The prompts default to each benchmark set's 21st to 26th (`dart-hf bench` reads the first 20).
 
     python benchmarks/sample_tree_replay.py --outputs logs/replay_sample.json     # about 2 minutes to generate
     python benchmarks/sample_tree_replay.py --outputs logs/replay_sample.json --grid '{"full_softmax": true}'
 """
 
+import functools
 import json
 
 import torch
@@ -54,28 +56,75 @@ def expected_accepted(tree: Tree, node_logits: torch.Tensor, temperature: float,
     """Expected tokens a sampling verify step commits (the bonus token included) for each budget m: 1 + the sum,
     over the drafted nodes of rank <= m, of the probability that sampling reaches the node.
 
-    A deterministic node is reached from its parent with probability p(token); a drawn one (`tree.proposals`,
-    only children without siblings here) with min(1, p(token) / q(token)), whose mean over the draws is
-    sum min(p, q): an unbiased estimate, one draw per position.
+    A node's siblings are tried in node order (`dart_hf.verify.sample_child`), each on what its earlier siblings
+    left of p: a deterministic one is followed with probability r(token), after which r(token) = 0; a drawn one
+    (`tree.proposals`) with min(1, r(token) / q(token)), after which r = (r - q)+; r renormalised each time. With
+    deterministic children only this is p(token) for each. For a drawn node it is exact given the draw, and its
+    mean over the draws is the true reach: an unbiased estimate, one draw per position. A drawn sibling's reach
+    depends on the earlier siblings, so their ranks must grow with the node index (true of every layout here):
+    a budget then never keeps a later one without the earlier ones whose residual it sees.
 
     node_logits `[N + 1, V]`: the target's logits at every node (row i predicts the token after node i)."""
     probs = torch.softmax(node_logits.float() / temperature, dim=-1)
     parents, tokens = tree.parents.tolist(), tree.tokens.tolist()
     ranks = tree.ranks.tolist() if tree.ranks is not None else list(range(len(tree)))
     proposals = tree.proposals or {}
-    if proposals and len(set(parents[1:])) < len(tree) - 1:
-        raise ValueError("Drawn nodes are replayed in chains only (a drawn node's siblings see the residual).")
     reach = [1.0] + [0.0] * (len(tree) - 1)
-    seen = set()
+    left = {}  # parent -> (what its earlier children left of p `[V]`, the chance that they were all rejected)
     for node in range(1, len(tree)):  # parents come first
         parent, token = parents[node], tokens[node]
-        if (parent, token) in seen:  # a repeated sibling token is never followed (verification takes the first)
-            continue
-        seen.add((parent, token))
-        p = float(probs[parent, token])
-        step = min(1.0, p / float(proposals[node][token])) if node in proposals else p
-        reach[node] = reach[parent] * step
+        residual, all_rejected = left.get(parent, (probs[parent], 1.0))
+        if node in proposals:
+            proposal = proposals[node]
+            followed = min(1.0, float(residual[token]) / float(proposal[token]))
+            residual = (residual - proposal).clamp(min=0)
+        else:  # (a repeated sibling token has r(token) = 0 here: verification follows the first)
+            followed = float(residual[token])
+            residual = residual.clone()
+            residual[token] = 0
+        total = residual.sum()
+        reach[node] = reach[parent] * all_rejected * followed
+        left[parent] = (residual / total if total > 0 else residual, all_rejected * (1.0 - followed))
     return [1.0 + sum(r for r, rank in zip(reach[1:], ranks[1:]) if rank <= m) for m in budgets]
+
+
+def with_drawn_siblings(chain: Tree, siblings: int, position: int) -> Tree:
+    """A replay-only layout: the drawn chain with `siblings` more first-level tokens drawn from its first level's
+    proposal without replacement (each one's proposal is q without the tokens drawn before it, renormalised), laid
+    out after the chain's first `position` nodes; ranks follow the node order."""
+    remaining = chain.proposals[1].clone()
+    remaining[int(chain.tokens[1])] = 0
+    drawn = []
+    for _ in range(siblings):
+        if remaining.sum() <= 0:
+            break
+        proposal = remaining / remaining.sum()
+        token = int(torch.multinomial(proposal, num_samples=1))
+        drawn.append((token, proposal))
+        remaining[token] = 0
+    chain_nodes = list(range(1, len(chain)))
+    order = chain_nodes[:position] + [-1 - i for i in range(len(drawn))] + chain_nodes[position:]
+    new_index = {node: i + 1 for i, node in enumerate(order)}
+    tokens, parents, proposals = [int(chain.tokens[0])], [-1], {}
+    for node in order:
+        if node < 0:  # a drawn sibling, child of the root
+            token, proposal = drawn[-1 - node]
+            tokens.append(token)
+            parents.append(0)
+        else:
+            tokens.append(int(chain.tokens[node]))
+            parents.append(new_index.get(int(chain.parents[node]), 0))
+            proposal = chain.proposals[node]
+        proposals[new_index[node]] = proposal
+    tree = Tree.from_parents(tokens, parents)
+    tree.ranks = torch.arange(len(tree))
+    tree.proposals = proposals
+    return tree
+
+
+def drawn_siblings_tree(chain_policy, siblings: int, position: int, *args, **kwargs) -> Tree:
+    """`chain_policy`'s drawn chain, laid out with drawn siblings (`with_drawn_siblings`)."""
+    return with_drawn_siblings(chain_policy(*args, **kwargs), siblings, position)
 
 
 def main() -> None:
@@ -101,8 +150,13 @@ def main() -> None:
     for setting in grid:
         options = {"budget": args.max_budget, **setting}
         sample_drafts = options.pop("sample_drafts", 0)
+        siblings, position = options.pop("siblings", 0), options.pop("sibling_position", 1)
         policy = build_tree_policy(draft, **options)
-        policies.append(sampled_chain_policy(draft, policy, sample_drafts, sampling) if sample_drafts else policy)
+        if sample_drafts:
+            policy = sampled_chain_policy(draft, policy, sample_drafts, sampling)
+        if siblings:
+            policy = functools.partial(drawn_siblings_tree, policy, siblings, position)
+        policies.append(policy)
     torch.manual_seed(0)  # the drawn chains' draws
     feature_layers = list(draft.config.feature_layers)
     costs = calibrate_forward_costs(target, feature_layers, args.max_budget + 1)
@@ -120,22 +174,22 @@ def main() -> None:
                 if not anchors:
                     continue
                 cache = DynamicCache()
-                target(input_ids=torch.tensor([sequence[: anchors[0] + 1]]), past_key_values=cache, use_cache=True)
+                target(input_ids=torch.tensor([sequence[: anchors[0] + 1]]), cache=cache, use_cache=True)
                 for anchor, anchor_logits in zip(anchors, logits):
                     context = torch.tensor(sequence[: anchor + 2])  # ends with the root
                     past_len = cache.get_seq_length()
-                    by_tree = {}
+                    logits_by_tree = {}  # trees of the same tokens share the forward (not their proposals)
                     for index, policy in enumerate(policies):
                         tree = policy(anchor_logits, context, draft.draft_to_target)
-                        key = (tuple(tree.tokens.tolist()), tuple(tree.parents.tolist()), tuple(tree.ranks.tolist()))
-                        if key not in by_tree:
-                            node_logits, _ = forward_tree(target, tree, cache, feature_layers)
+                        key = (tuple(tree.tokens.tolist()), tuple(tree.parents.tolist()))
+                        if key not in logits_by_tree:
+                            logits_by_tree[key], _ = forward_tree(target, tree, cache, feature_layers)
                             cache.crop(past_len - cache.get_seq_length())  # drop the tree's rows
                             forwards += 1
-                            by_tree[key] = expected_accepted(tree, node_logits, args.temperature, budgets)
-                        accepted[name, index].append(by_tree[key])
+                        accepted[name, index].append(
+                            expected_accepted(tree, logits_by_tree[key], args.temperature, budgets))
                     # the root joins the cache: the next anchor's prefix
-                    target(input_ids=torch.tensor([[sequence[anchor + 1]]]), past_key_values=cache, use_cache=True)
+                    target(input_ids=torch.tensor([[sequence[anchor + 1]]]), cache=cache, use_cache=True)
             print(f"replayed {name}", flush=True)
 
     positions = sum(len(accepted[name, 0]) for name in outputs)
