@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from dart_hf.bench import BENCHMARK_SETS, chat_inputs
+from dart_hf.files import write_atomically
 from dart_hf.generation import swap_controller_state
 from dart_hf.prompts import load_prompts
 from dart_hf.training.trainer import greedy_agreement
@@ -20,7 +21,7 @@ def report(results: dict, out: Path | None) -> None:
     print(json.dumps(results, indent=2))
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(results, indent=2) + "\n")
+        write_atomically(out, lambda temporary: Path(temporary).write_text(json.dumps(results, indent=2) + "\n"))
 
 
 def interleaved_speedups(target, tokenizer, drafts: dict, prompts_per_set: int, max_new_tokens: int = 32) -> dict:
@@ -91,7 +92,7 @@ def vanilla_outputs(
 ) -> dict[str, list[dict]]:
     """{set: [{"prompt": token ids, "output": token ids}]}: vanilla `generate` (greedy) of the packaged SmolLM2 on
     prompts skip .. skip + prompts_per_set - 1 of each benchmark set, read from `path` if it exists, else
-    generated and written there (under a temporary name, then renamed). temperature > 0: sampled replies instead,
+    generated and written there (`write_atomically`). temperature > 0: sampled replies instead,
     from `torch.manual_seed` of the prompt's index before each."""
     if path.exists():
         return json.loads(path.read_text())
@@ -109,9 +110,7 @@ def vanilla_outputs(
             length = inputs["input_ids"].shape[1]
             outputs[name].append({"prompt": sequence[:length], "output": sequence[length:]})
         print(f"generated {name}", flush=True)
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(outputs))
-    temporary.replace(path)
+    write_atomically(path, lambda temporary: Path(temporary).write_text(json.dumps(outputs)))
     return outputs
 
 

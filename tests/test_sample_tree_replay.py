@@ -47,8 +47,9 @@ def test_expected_reach_equals_sampling_verification(layout):
     elif layout == "drawn_sibling_after_chain":
         tree = with_drawn_siblings(tree, siblings=1, position=3)
     elif layout == "deterministic":  # two deterministic root children beside the drawn chain
+        proposals = tree.proposals
         tree = Tree.from_parents(tree.tokens.tolist() + [(int(tree.tokens[1]) + 1) % VOCAB, 5], [-1, 0, 1, 2, 0, 0])
-        tree.ranks, tree.proposals = torch.arange(6), drawn_chain(torch.Generator().manual_seed(3)).proposals
+        tree.ranks, tree.proposals = torch.arange(6), proposals
     probs = torch.softmax(torch.randn(len(tree), VOCAB, generator=generator), dim=-1)  # the target's, per node
     budgets = list(range(1, len(tree)))
     expected = torch.tensor(expected_accepted(tree, probs.log(), 1.0, budgets))
