@@ -34,10 +34,15 @@ BENCHLIKE_SAMPLES = [
     {"xsum": 440, "math-train": 480},  # round 7: every remaining XSum article (news pays most per reply) and MATH
     {"math-train": 960},  # round 8: more MATH problems (about 1,800 remain)
 ]
+# `--sampled-minutes`: replies sampled at this temperature to the benchmark-like prompts of these kinds (the ones
+# whose greedy replies are in training), new text for the weakest sets once their kinds' prompts are all used
+SAMPLED_KINDS = ("open-ended", "xsum")
+SAMPLED_TEMPERATURE = 0.7
 # `--with-references`: the sets that ship an answer to each prompt (MATH's worked solutions, the standard library
 # functions' own source), used as they are with the target's distributions on them as labels (no generation)
 REFERENCE_SETS = ["math-train", "python-stdlib"]
 DRAFT_NAME = "smollm2-135m-instruct-dart"
+MAX_LENGTH = 1024  # training sequences are cut here
 RESULTS = """Measured with `dart-hf bench --draft smollm2-135m-instruct-dart --prompts-per-set 20 --methods
 vanilla prompt_lookup dart_no_lookup dart` on a 2-core x86 CPU: greedy, float32, 20 prompts per set, 32 new
 tokens, every method interleaved prompt by prompt after an untimed warm-up (16 minutes). Speedup is the
@@ -121,6 +126,9 @@ def main() -> None:
     parser.add_argument("--distill-minutes", type=float, default=0, help="self-distil for this long first (resumable)")
     parser.add_argument("--benchlike-minutes", type=float, default=0,
                         help="self-distil the benchmark-like prompt sample for this long first (resumable)")
+    parser.add_argument("--sampled-minutes", type=float, default=0,
+                        help=f"self-distil replies sampled at T={SAMPLED_TEMPERATURE} to the open-ended and news "
+                        "prompts for this long first (resumable)")
     parser.add_argument("--max-steps", type=int, default=1500)
     parser.add_argument("--eval-steps", type=int, default=250, help="evaluate and checkpoint this often")
     parser.add_argument("--init-draft", default=None, help="warm-start from this draft")
@@ -145,27 +153,31 @@ def main() -> None:
                      DATA / "selfdistill.jsonl", args.distill_minutes)
     if args.benchlike_minutes > 0:
         self_distill([str(benchlike_prompt_file())], DATA / "selfdistill_benchlike.jsonl", args.benchlike_minutes)
+    if args.sampled_minutes > 0:
+        self_distill([str(sampled_prompt_file()), "--temperature", str(SAMPLED_TEMPERATURE)],
+                     DATA / "selfdistill_sampled.jsonl", args.sampled_minutes)
     # the Alpaca demo replies, used as they are (teacher-labelled): Apache-2.0, inside the llamafactory sdist
     replies = DATA / "alpaca_demo_replies.json"
     replies.write_bytes(read_set_file("alpaca-demo"))
-    max_length = 1024
     for name, suffix in (("selfdistill.jsonl", ""), ("selfdistill_benchlike.jsonl", "_benchlike")):
-        lines = (DATA / name).read_text().strip().split("\n")
-        if suffix:  # sequences are cut at max_length: keep the news articles that leave 32 reply tokens inside it
-            lines = [line for line in lines if len(json.loads(line)["prompt_ids"]) + 32 <= max_length]
-        held_out = [line for index, line in enumerate(lines) if index % 20 == 0]  # spread over prompt lengths
-        train = [line for index, line in enumerate(lines) if index % 20 != 0]
+        held_out, train = split_held_out(DATA / name, drop_long=bool(suffix))
         (DATA / f"heldout{suffix}.jsonl").write_text("\n".join(held_out) + "\n")
         (DATA / f"train{suffix}.jsonl").write_text("\n".join(train) + "\n")
+    train_files = [str(DATA / "train.jsonl")] + [str(DATA / "train_benchlike.jsonl")] * 3
+    sampled = DATA / "selfdistill_sampled.jsonl"
+    if sampled.exists():  # no held-out part: its prompts are all in the training split of the greedy replies
+        lines = [line for line in sampled.read_text().strip().split("\n") if fits(line)]
+        (DATA / "train_sampled.jsonl").write_text("\n".join(lines) + "\n")
+        train_files += [str(DATA / "train_sampled.jsonl")] * 3
     config = {
         # the benchmark-like replies three times over: about half of what training sees
         "target": "smollm2-135m-instruct",
-        "train_files": [str(DATA / "train.jsonl")] + [str(DATA / "train_benchlike.jsonl")] * 3,
+        "train_files": train_files,
         "existing_files": [str(replies)], "existing_ratio": 0.15,
         "eval_files": [str(DATA / "heldout.jsonl"), str(DATA / "heldout_benchlike.jsonl")],
         "output_dir": args.output, "max_steps": args.max_steps, "per_device_train_batch_size": 8,
         "learning_rate": 3e-4, "lr_scheduler_type": "cosine", "warmup_steps": 20, "max_grad_norm": 0.5,
-        "draft_vocab_size": 16384, "anchors_per_sequence": 24, "max_length": max_length, "feature_dropout": 0.1,
+        "draft_vocab_size": 16384, "anchors_per_sequence": 24, "max_length": MAX_LENGTH, "feature_dropout": 0.1,
         "train_sampling_strategy": "group_by_length",
         "eval_strategy": "steps", "eval_steps": args.eval_steps, "save_steps": args.eval_steps, "save_total_limit": 4,
         "logging_steps": 10, "report_to": "none", "use_cpu": True,
@@ -184,6 +196,33 @@ def main() -> None:
     subprocess.run([sys.executable, "-m", "dart_hf.cli", "train", str(DATA / "train_config.json")], check=True)
     print(f"trained in {(time.time() - start) / 60:.1f} min -> {args.output}")
     build_ngram_table(Path(args.output))
+
+
+def fits(line: str) -> bool:
+    """Whether a record leaves 32 reply tokens inside MAX_LENGTH (sequences are cut there: long news articles don't)."""
+    return len(json.loads(line)["prompt_ids"]) + 32 <= MAX_LENGTH
+
+
+def split_held_out(path: Path, drop_long: bool) -> tuple[list[str], list[str]]:
+    """A self-distilled file's lines as (held out, train): every 20th line is held out, spread over prompt lengths
+    (the file is in the order of prompt length); with `drop_long`, the lines that don't `fit` are left out first."""
+    lines = path.read_text().strip().split("\n")
+    if drop_long:
+        lines = [line for line in lines if fits(line)]
+    return [line for i, line in enumerate(lines) if i % 20 == 0], [line for i, line in enumerate(lines) if i % 20]
+
+
+def sampled_prompt_file() -> Path:
+    """`data/smollm2/sampled_prompts.jsonl` (the sampled file's ids index it): the benchmark-like prompts of
+    SAMPLED_KINDS, in their file's order, less those whose greedy reply is held out (which must stay unseen)."""
+    held_out, _ = split_held_out(DATA / "selfdistill_benchlike.jsonl", drop_long=True)
+    held_out_ids = {json.loads(line)["id"] for line in held_out}
+    prompts = benchlike_prompt_file().read_text().strip().split("\n")
+    lines = [line for i, line in enumerate(prompts)
+             if i not in held_out_ids and json.loads(line)["kind"] in SAMPLED_KINDS]
+    path = DATA / "sampled_prompts.jsonl"
+    write_atomically(path, lambda temporary: Path(temporary).write_text("\n".join(lines) + "\n"))
+    return path
 
 
 def self_distill(sources: list[str], output: Path, minutes: float) -> None:

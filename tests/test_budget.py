@@ -14,11 +14,12 @@ from dart_hf.budget import (
     ForwardCosts,
     ForwardTimings,
     LookupEvidence,
+    PolicyChoice,
     StepRecord,
     calibrate_forward_costs,
     calibration_key,
 )
-from dart_hf.tree import BeamSearchTreePolicy, TopKTreePolicy
+from dart_hf.tree import BeamSearchTreePolicy, TopKTreePolicy, Tree
 
 STEEP = ForwardCosts([1, 65], [0.010, 0.650])  # 10 ms per node: drafting never pays unless tau is huge
 MODERATE = ForwardCosts([1, 65], [0.010, 0.074])  # 1 ms per node: pays only when drafted tokens are accepted
@@ -196,6 +197,59 @@ def test_exploration_tries_twice_the_chosen_budget():
     assert choices == [best, best, 2 * best, best, best, 2 * best]
 
 
+def policy_choice(costs, chain_records, tree_records, **kwargs) -> PolicyChoice:
+    """A drawn chain's controller (8 levels at most) beside a deterministic tree's (60 nodes), sharing evidence."""
+    chain = AdaptiveBudget(costs, 8, history_of(chain_records), **kwargs)
+    tree = AdaptiveBudget(costs, 60, history_of(tree_records), lookup=chain.lookup, timings=chain.timings, **kwargs)
+    return PolicyChoice([chain, tree], explore_every=4)
+
+
+def chain_of(budget: int) -> Tree:
+    return Tree.from_parents(torch.arange(budget + 1), list(range(-1, budget)))
+
+
+def test_policy_choice_drafts_with_the_policy_the_hardware_favours():
+    # the chain accepts 3 drafted tokens within budget 3; the tree accepts 5, but needs budget 40 for them: that
+    # pays where 41 nodes cost about one token (FLAT), not where every node adds 1 ms (MODERATE)
+    for costs, favoured in ((FLAT, 1), (MODERATE, 0)):
+        controller = policy_choice(costs, [(8, [1, 2, 3])] * 8, [(60, [1, 2, 10, 20, 40])] * 8)
+        arms = []
+        for _ in range(8):
+            controller.next_budget()
+            arms.append(controller.arm)
+        other = 1 - favoured  # every 4th step (explore_every) keeps the runner-up's evidence fresh
+        assert arms == [favoured, favoured, favoured, other] * 2
+        assert controller.best() == controller.controllers[favoured].best()
+
+
+def test_policy_choice_tries_a_policy_without_evidence_every_other_step():
+    controller = policy_choice(MODERATE, [(8, [1, 2, 3])] * 8, [])
+    chain, tree = controller.controllers
+    steps = []
+    for _ in range(10):
+        budget = controller.next_budget()
+        steps.append((controller.arm, budget))
+        accepted = [0, 1, 2, 3] if controller.arm == 0 else [0, 1, 2]  # the chain accepts 3 tokens, the tree 2
+        controller.record_step(chain_of(budget), accepted, budget, 0.0)
+    # the tree's first steps use its evidence-free budget (8: 9 nodes cost 18 ms, under two tokens' 20 ms); four
+    # steps give it tau 3 at budget 2, 4 ms per token against the chain's 3.25 (tau 4 at budget 3): the chain wins
+    assert steps == [(0, 3), (1, 8)] * 4 + [(0, 3), (0, 3)]
+    assert len(tree.history) == 4 and controller.arm_steps == [6, 4]
+
+
+def test_policy_choice_counts_plain_steps_towards_every_policys_probe():
+    controller = policy_choice(STEEP, [(8, [])] * 8, [(60, [])] * 8, probe_share=0.3)  # both lose to plain steps
+    decisions = []
+    for _ in range(5):
+        decisions.append(controller.next_budget())
+        if decisions[-1] == 0:
+            controller.record_plain_step()
+    assert decisions[:4] == [0, 0, 0, 0] and decisions[4] > 0  # the probe after 4 plain steps, as for one policy
+    assert [c.plain_run for c in controller.controllers] == [4, 4]
+    controller.record_step(chain_of(decisions[4]), [0], decisions[4], 0.0)
+    assert [c.plain_run for c in controller.controllers] == [0, 0]
+
+
 @pytest.mark.parametrize("policy", [TopKTreePolicy(budget=40, top_k=6), BeamSearchTreePolicy(budget=40, top_k=6)])
 def test_the_tree_of_a_smaller_budget_is_the_nodes_of_lower_rank(policy):
     logits = torch.randn(8, 50, generator=torch.Generator().manual_seed(0)) * 3
@@ -282,8 +336,8 @@ def test_greedy_evidence_does_not_decide_a_sampling_call():
     # a sampling call has no evidence of its own yet: it drafts until its own steps say drafting loses
     target.generate(prompt, max_new_tokens=12, do_sample=True, top_k=20, assistant_model=draft)
     assert draft.stats.verify_steps >= 4
-    sampling_history = draft._dart_acceptance_history
-    assert len(sampling_history) == draft.stats.verify_steps
+    sampling_history = draft._dart_acceptance_history  # the drawn chain's, beside the deterministic tree's
+    assert len(sampling_history) + len(draft._dart_second_policy_history) == draft.stats.verify_steps
     # back to greedy: its own evidence again, plain from the first step; and sampling's is kept for later
     expected = target.generate(prompt, max_new_tokens=12, do_sample=False)
     assert torch.equal(target.generate(prompt, max_new_tokens=12, do_sample=False, assistant_model=draft), expected)

@@ -18,9 +18,11 @@ from transformers import (
     TopPLogitsWarper,
 )
 
+import dart_hf.generation
 import dart_hf.verify
 from _helpers import tiny_target
 from dart_hf import DartDraftModel, NgramTable
+from dart_hf.budget import PolicyChoice
 from dart_hf.verify import sample_child
 
 VOCAB, NEW_TOKENS, SAMPLES = 8, 3, 1500
@@ -254,3 +256,43 @@ def test_lookup_chains_sample_the_exact_target_distribution(target_and_draft, mo
     assert lookup_steps >= 0.8 * SAMPLES, lookup_steps
     statistic, critical = chi_square(observed, exact_joint(target, processors, prompt), SAMPLES)
     assert (statistic < critical) == (rule == "exact"), (statistic, critical)
+
+
+class AlternatingChoice(PolicyChoice):
+    """The drawn chain and the deterministic tree by turns, across calls, each at its largest budget: every step
+    a switch of policy."""
+
+    turn = itertools.count()
+
+    def next_budget(self) -> int:
+        self.arm = next(self.turn) % len(self.controllers)
+        return self.controllers[self.arm].max_budget
+
+
+def test_switching_between_drawn_chains_and_trees_samples_the_exact_target_distribution(target_and_draft, monkeypatch):
+    from _helpers import FLAT_COSTS, force_costs
+
+    target, _ = target_and_draft
+    torch.manual_seed(0)
+    draft = DartDraftModel.from_target(target, feature_layers=[1, 2, 3])
+    force_costs(draft, target, FLAT_COSTS)  # trees are cheap: every step drafts
+    kwargs, processors = SETTINGS["temperature"]
+    no_lookup = {"lookup_length": 0}
+    # by default both policies are weighed: the one without evidence yet takes every other step
+    target.generate(PROMPT, max_new_tokens=12, do_sample=True, assistant_model=draft, tree_options=no_lookup, **kwargs)
+    assert {"drawn", "tree"} <= set(draft.stats.tree_kinds)
+    target.generate(PROMPT, max_new_tokens=12, do_sample=True, assistant_model=draft,
+                    tree_options={**no_lookup, "compare_policies": False}, **kwargs)
+    assert set(draft.stats.tree_kinds) == {"drawn"}
+
+    monkeypatch.setattr(dart_hf.generation, "PolicyChoice", AlternatingChoice)
+    torch.manual_seed(0)
+    observed, kinds = Counter(), Counter()
+    for _ in range(SAMPLES):
+        out = target.generate(PROMPT, max_new_tokens=NEW_TOKENS, do_sample=True, assistant_model=draft,
+                              tree_options=no_lookup, **kwargs)
+        observed[tuple(out[0, PROMPT.shape[1] :].tolist())] += 1
+        kinds.update(draft.stats.tree_kinds)
+    assert min(kinds["drawn"], kinds["tree"]) >= 0.4 * sum(kinds.values()), kinds
+    statistic, critical = chi_square(observed, exact_joint(target, processors), SAMPLES)
+    assert statistic < critical, (statistic, critical)

@@ -186,6 +186,27 @@ def test_self_distill_matches_generate_and_resumes(tmp_path, scheduler):
         assert record["response_ids"] == expected[record["id"]]
 
 
+def test_self_distill_samples_as_generate_does(tmp_path):
+    target = tiny_target("llama", seed=2)
+    prompt_ids = [p[0].tolist() for p in prompts(3, seed=9, min_len=4, max_len=4)]  # one length: no padding
+    records = self_distill(target, prompt_ids, tmp_path / "sd.jsonl", max_new_tokens=12, batch_size=1,
+                           progress=False, scheduler="static", temperature=0.8, seed=5)
+    greedy = []
+    for record in records:
+        ids = torch.tensor([prompt_ids[record["id"]]])
+        torch.manual_seed(5 + record["id"])
+        sampled = target.generate(ids, max_new_tokens=12, do_sample=True, temperature=0.8, top_k=0, top_p=1.0)
+        assert record["response_ids"] == sampled[0, ids.shape[1] :].tolist()
+        greedy.append(target.generate(ids, max_new_tokens=12, do_sample=False)[0, ids.shape[1] :].tolist())
+    assert [r["response_ids"] for r in records] != greedy
+    continuous = self_distill(target, prompt_ids, tmp_path / "cb.jsonl", max_new_tokens=12, batch_size=2,
+                              progress=False, scheduler="continuous", temperature=0.8)
+    assert sorted(r["id"] for r in continuous) == [0, 1, 2]
+    assert [r["response_ids"] for r in sorted(continuous, key=lambda r: r["id"])] != greedy
+    with pytest.raises(ValueError, match="temperature"):
+        self_distill(target, prompt_ids, tmp_path / "x.jsonl", temperature=-1.0)
+
+
 def test_self_distill_rejects_an_unknown_scheduler(tmp_path):
     with pytest.raises(ValueError, match="continuous"):
         self_distill(tiny_target(), [[1, 2]], tmp_path / "x.jsonl", scheduler="paged")

@@ -38,7 +38,7 @@ BENCHMARK_SETS = [name for name, prompt_set in PROMPT_SETS.items() if prompt_set
 WARM_UP_PROMPT = "Say hello."  # not from any prompt set
 METHODS = [
     "vanilla", "vanilla_bf16", "prompt_lookup", "dart_chain", "dart_no_ngram", "dart_no_lookup", "dart_fixed_drafts",
-    "dart",
+    "dart_drawn_only", "dart",
 ]
 DEFAULT_METHODS = ["vanilla", "vanilla_bf16", "prompt_lookup", "dart_no_ngram", "dart"]
 
@@ -58,6 +58,7 @@ class MethodResult:
     plain_steps: int = 0
     lookup_steps: int = 0
     budgets: list[int] = field(default_factory=list)
+    tree_kinds: list[str] = field(default_factory=list)  # per drafted tree: "drawn" chain or deterministic "tree"
     alpha_hits: torch.Tensor | None = None  # [draft_length], the draft's teacher-forced agreement with vanilla
     alpha_rows: torch.Tensor | None = None
 
@@ -112,6 +113,8 @@ def run_benchmark(
                 options["lookup_length"] = 0
             if method == "dart_fixed_drafts":  # sampling with DART's deterministic trees, not drawn chains
                 options["sample_drafts"] = 0
+            if method == "dart_drawn_only":  # sampling with drawn chains alone, the deterministic tree not weighed
+                options["compare_policies"] = False
             if method == "dart_chain":  # Transformers' assisted decoding with DART's chain candidates
                 kwargs["dart_chain"] = True
             kwargs["tree_options"] = options
@@ -171,6 +174,7 @@ def run_benchmark(
                 result.plain_steps += stats.plain_steps
                 result.lookup_steps += stats.lookup_steps
                 result.budgets += stats.budgets
+                result.tree_kinds += stats.tree_kinds
         if do_sample:
             continue
         reference = outputs["vanilla"]
@@ -187,7 +191,8 @@ def run_benchmark(
 def summarise(results: dict[str, dict[str, MethodResult]], sampled: bool = False) -> dict:
     """Per set and overall: prompts, tokens/s, speedups over vanilla in seconds per new token (median of per-prompt
     ratios, total), and for DART methods tau, time split, greedy mismatches (None for a `sampled` run, which has
-    no greedy output to compare), plain-decoding share and chosen budget."""
+    no greedy output to compare), plain-decoding share and chosen budget, and for a sampled run the share of the
+    drafted trees that were drawn chains (`drawn_fraction`; the rest were deterministic trees)."""
     summary = {}
     for set_name, per_method in list(results.items()) + [("overall", _merge(results))]:
         vanilla = per_method.get("vanilla")
@@ -215,6 +220,8 @@ def summarise(results: dict[str, dict[str, MethodResult]], sampled: bool = False
                 row["plain_fraction"] = result.plain_steps / (result.plain_steps + result.verify_steps)
                 row["lookup_fraction"] = result.lookup_steps / (result.plain_steps + result.verify_steps)
                 row["budget_chosen"] = statistics.median(result.budgets) if result.budgets else 0
+                if sampled and result.tree_kinds:  # which policy the drafted steps used
+                    row["drawn_fraction"] = result.tree_kinds.count("drawn") / len(result.tree_kinds)
             if result.alpha_hits is not None:
                 row["draft_alpha"] = (result.alpha_hits / result.alpha_rows.clamp(min=1)).tolist()
             rows[method] = row
@@ -266,6 +273,7 @@ def _merge(results: dict[str, dict[str, MethodResult]]) -> dict[str, MethodResul
             target.plain_steps += result.plain_steps
             target.lookup_steps += result.lookup_steps
             target.budgets += result.budgets
+            target.tree_kinds += result.tree_kinds
             if result.alpha_hits is not None:
                 target.add_alpha(result.alpha_hits, result.alpha_rows)
             for part, value in result.split.items():
@@ -288,7 +296,7 @@ def markdown_table(summary: dict) -> str:
                 cell += " [{:.2f}-{:.2f}]".format(*row["speedup_total_ci95"])
             if "tau" in row:
                 shares = [f"{row[key]:.0%} {name}" for key, name in (("plain_fraction", "plain"),
-                          ("lookup_fraction", "lookup")) if row.get(key)]
+                          ("lookup_fraction", "lookup"), ("drawn_fraction", "drawn")) if row.get(key)]
                 tau = f"{row['tau']:.2f}"
                 cell += f" ({', '.join([tau] + shares)})"
             cells.append(cell)

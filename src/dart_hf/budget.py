@@ -258,6 +258,8 @@ class AdaptiveBudget:
         self.lookup = lookup if lookup is not None else LookupEvidence()
         self.timings = timings if timings is not None else ForwardTimings()
 
+    arm = 0  # the index of the tree policy a step drafts with: one policy (`PolicyChoice` weighs several)
+
     def plain_cost(self) -> float:
         """Expected seconds of one plain decoding step's forward."""
         return self.costs(1) * self.timings.scale("plain")
@@ -390,3 +392,85 @@ class AdaptiveBudget:
     def _record_forward(self, kind: str, nodes: int, seconds: float | None) -> None:
         if seconds is not None:  # (a window of 0 keeps nothing)
             (self.timings.plain if kind == "plain" else self.timings.verify).append(seconds / self.costs(nodes))
+
+
+class PolicyChoice:
+    """Per-step choice between tree policies, each with its own `AdaptiveBudget` (its own acceptance history and
+    largest budget; the forward costs, the timings and the lookup evidence shared). When sampling, DART weighs the
+    drawn chain (`SampledChainPolicy`) against the deterministic tree: which one is faster depends on the hardware.
+    A drawn token is accepted more often than a deterministic top-1 guess, but the chain is one node per drafted
+    level, so its acceptance saturates; the deterministic tree accepts more with every node it adds, which pays
+    where a large tree costs about one token's forward (a GPU) and not where it costs several (a CPU).
+
+    Each step drafts with the policy whose controller estimates the lowest seconds per token (its `best`); every
+    `explore_every`-th step uses the runner-up, so that its evidence follows the text; a policy with no estimate yet
+    takes every other step until it has one. `arm` is the index of the policy the step that `next_budget` decided
+    drafts with. Plain decoding steps and the probes that end them are the chosen policy's controller's decisions;
+    a plain step counts towards every policy's next probe, a verified step ends every policy's plain run.
+    """
+
+    def __init__(self, controllers: list[AdaptiveBudget], explore_every: int = 16):
+        if len(controllers) < 2:
+            raise ValueError(f"PolicyChoice needs at least two policies' controllers, got {len(controllers)}.")
+        self.controllers = controllers
+        self.explore_every = explore_every
+        self.arm = 0
+        self.steps = 0
+        self.arm_steps = [0] * len(controllers)  # drafted steps per policy
+
+    @property
+    def lookup(self) -> LookupEvidence:
+        return self.controllers[0].lookup
+
+    @property
+    def plain_run(self) -> int:
+        return self.controllers[0].plain_run
+
+    def plain_cost(self) -> float:
+        return self.controllers[0].plain_cost()
+
+    def best(self) -> tuple[int | None, float, float]:
+        """The chosen policy's `best` (budget, seconds per token, tau): the lowest seconds per token of any."""
+        return min((controller.best() for controller in self.controllers), key=lambda best: best[1])
+
+    def next_budget(self) -> int:
+        """The budget for the next step (0: a plain decoding step), drafted with the policy `arm`."""
+        self.steps += 1
+        costs = [controller.best()[1] for controller in self.controllers]
+        ranked = sorted(range(len(costs)), key=lambda i: costs[i])
+        untried = [i for i, controller in enumerate(self.controllers) if controller.best()[0] is None]
+        if untried and self.steps % 2 == 0:
+            self.arm = untried[0]
+        elif self.steps % self.explore_every == 0:
+            self.arm = ranked[1]
+        else:
+            self.arm = ranked[0]
+        return self.controllers[self.arm].next_budget()
+
+    def lookup_choice(self, candidates: list[tuple[Hashable, int]]) -> tuple[int, int]:
+        """`AdaptiveBudget.lookup_choice` against the fastest policy's drafted tree."""
+        fastest = min(self.controllers, key=lambda controller: controller.best()[1])
+        return fastest.lookup_choice(candidates)
+
+    def record_lookup_step(self, overhead_seconds: float, nodes: int, forward_seconds: float | None = None) -> None:
+        self.controllers[0].record_lookup_step(overhead_seconds, nodes, forward_seconds)
+        self._timings_moved()
+
+    def record_step(
+        self, tree: Tree, path: list[int], budget: int, overhead_seconds: float, forward_seconds: float | None = None
+    ) -> None:
+        """`AdaptiveBudget.record_step` of the policy `arm`, which built `tree`."""
+        self.controllers[self.arm].record_step(tree, path, budget, overhead_seconds, forward_seconds)
+        self.arm_steps[self.arm] += 1
+        self._timings_moved()
+        for controller in self.controllers:
+            controller.plain_run = 0
+
+    def record_plain_step(self, forward_seconds: float | None = None) -> None:
+        self.controllers[0].record_plain_step(forward_seconds)
+        for controller in self.controllers[1:]:
+            controller.plain_run += 1
+
+    def _timings_moved(self) -> None:
+        for controller in self.controllers:  # the shared verify scale moved: every policy's estimate is stale
+            controller._best = None

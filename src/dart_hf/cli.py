@@ -112,7 +112,8 @@ def self_distill_command(args: argparse.Namespace) -> None:
     prompts = prompts[: args.limit] if args.limit else prompts
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     examples = self_distill(
-        target, prompts, args.output, args.max_new_tokens, args.batch_size, pad_token_id=pad, scheduler=args.scheduler
+        target, prompts, args.output, args.max_new_tokens, args.batch_size, pad_token_id=pad, scheduler=args.scheduler,
+        temperature=args.temperature, seed=args.seed,
     )
     print(f"{args.output}: {len(examples)} examples, {sum(len(e['response_ids']) for e in examples):,} response tokens")
 
@@ -271,6 +272,11 @@ def main(argv: list[str] | None = None) -> None:
         help="dtype the target generates in (float32 default: the replies are exactly what it writes; bfloat16 "
         "writes nearly the same replies faster on hardware that multiplies bfloat16 natively)",
     )
+    distill.add_argument(
+        "--temperature", type=float, default=0.0,
+        help="0 (default): greedy replies; > 0: replies sampled at this temperature (new replies to known prompts)",
+    )
+    distill.add_argument("--seed", type=int, default=0, help="seed of the sampled replies")
     distill.set_defaults(handler=self_distill_command)
 
     commands.add_parser("train", help="train a draft; `dart-hf train --help` lists every argument", add_help=False)

@@ -38,7 +38,9 @@ class DartConfig(PreTrainedConfig):
     `tree_lookup_max_match` tokens (or fewer) occurred earlier in the sequence (`dart_hf.lookup`; 0 turns it off).
     When sampling (T > 0), `tree_sample_drafts` > 0 drafts a chain whose tokens are drawn from the draft's
     distributions at `tree_sample_drafts` times the user's temperature and verified by speculative sampling
-    (`dart_hf.tree.SampledChainPolicy`); 0 keeps the deterministic trees of `tree_policy` for sampling too.
+    (`dart_hf.tree.SampledChainPolicy`); 0 keeps the deterministic trees of `tree_policy` for sampling too. With
+    `tree_compare_policies` and `tree_adaptive`, each sampling step drafts with whichever of the drawn chain and the
+    deterministic tree the measured costs and acceptance make faster (`dart_hf.budget.PolicyChoice`).
     """
 
     model_type = "dart"
@@ -81,6 +83,7 @@ class DartConfig(PreTrainedConfig):
     tree_lookup_length: int = 10
     tree_lookup_max_match: int = 3
     tree_sample_drafts: float = 0.7
+    tree_compare_policies: bool = True
 
     def __post_init__(self, **kwargs):
         if self.head_dim is None:

@@ -27,7 +27,14 @@ from transformers import (
 from transformers.cache_utils import DynamicSlidingWindowLayer
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from .budget import AdaptiveBudget, ForwardTimings, LookupEvidence, calibrate_forward_costs, calibration_key
+from .budget import (
+    AdaptiveBudget,
+    ForwardTimings,
+    LookupEvidence,
+    PolicyChoice,
+    calibrate_forward_costs,
+    calibration_key,
+)
 from .features import forward_with_features, takes_logits_to_keep
 from .lookup import LookupTracker, find_continuations
 from .modeling_dart import DartDraftModel
@@ -35,7 +42,7 @@ from .tree import BeamSearchTreePolicy, SampledChainPolicy, Tree, TopKTreePolicy
 from .verify import accept, compact_cache, forward_tree
 
 # `tree_options` that steer the decode loop rather than the tree policy (the chain path has no use for them)
-DECODING_OPTIONS = ("adaptive", "lookup_length", "lookup_max_match", "sample_drafts")
+DECODING_OPTIONS = ("adaptive", "lookup_length", "lookup_max_match", "sample_drafts", "compare_policies")
 
 
 @dataclass
@@ -44,8 +51,8 @@ class DartStats:
 
     tau (mean acceptance length) = tokens committed by verify steps / verify steps, the bonus token included;
     the token that follows the prompt comes from the prefill and is not counted in tau. Verify steps include the
-    `lookup_steps` (a context-lookup chain verified instead of a drafted tree); `budgets` and `tree_sizes` are the
-    drafted trees'.
+    `lookup_steps` (a context-lookup chain verified instead of a drafted tree); `budgets`, `tree_sizes` and
+    `tree_kinds` are the drafted trees' ("drawn": a chain of drawn tokens; "tree": a deterministic tree).
     """
 
     verify_steps: int = 0
@@ -53,6 +60,7 @@ class DartStats:
     accepted_lengths: list[int] = field(default_factory=list)
     tree_sizes: list[int] = field(default_factory=list)
     budgets: list[int] = field(default_factory=list)
+    tree_kinds: list[str] = field(default_factory=list)
     plain_steps: int = 0
     lookup_steps: int = 0
     prefill_time: float = 0.0
@@ -72,6 +80,11 @@ class DartStats:
     def chosen_budget(self) -> int | None:
         """The tree budget used most often (the adaptive controller's choice), None without verify steps."""
         return max(set(self.budgets), key=self.budgets.count) if self.budgets else None
+
+    @property
+    def drawn_fraction(self) -> float:
+        """Share of the drafted trees that were chains of drawn tokens (sampling), the rest deterministic trees."""
+        return self.tree_kinds.count("drawn") / max(len(self.tree_kinds), 1)
 
     @property
     def plain_fraction(self) -> float:
@@ -109,7 +122,10 @@ def dart_generate(
         (`{"budget": 30, "ngram_weight": 0.3, "policy": "topk", "adaptive": False, "lookup_length": 0}`), plus
         `use_ngram=False` to ignore the draft's N-gram table; tree_budget / tree_top_k are shortcuts. When sampling,
         `sample_drafts` (the config's `tree_sample_drafts`, default 0.7) > 0 drafts a chain of drawn tokens
-        (`sampled_chain_policy`) instead of the tree policy's deterministic tree; 0 keeps the tree.
+        (`sampled_chain_policy`) instead of the tree policy's deterministic tree; 0 keeps the tree. With
+        `compare_policies` (the config's `tree_compare_policies`, default on) and `adaptive`, each sampling step
+        drafts with whichever of the two the measured costs and acceptance make faster (`dart_hf.budget.PolicyChoice`:
+        the drawn chain where trees are dear, as on a CPU, the deterministic tree where they cost about one token).
 
     With `adaptive` (the config's `tree_adaptive`, default on) the budget is the largest tree; each step uses the
     budget that the measured forward costs and acceptance say is fastest, down to plain decoding steps when
@@ -130,19 +146,23 @@ def dart_generate(
     sample_drafts = options.pop("sample_drafts", config.tree_sample_drafts)
     if not sample_drafts >= 0:
         raise ValueError(f"sample_drafts must be >= 0 (0 keeps deterministic trees when sampling), got {sample_drafts}.")
+    compare_policies = options.pop("compare_policies", config.tree_compare_policies)
+    policies = [tree_policy]  # the policies a step may draft with (the controller's `arm` says which)
     if tree_policy is None:
         options.update({k: v for k, v in (("budget", tree_budget), ("top_k", tree_top_k)) if v is not None})
         tree_policy = build_tree_policy(draft, eos_token_id=generation_config.eos_token_id, **options)
-        if generation_config.do_sample and sample_drafts:
-            tree_policy = sampled_chain_policy(draft, tree_policy, sample_drafts, generation_config)
+        policies = [tree_policy]
+        if generation_config.do_sample and sample_drafts:  # drawn drafts; beside the tree, whichever is faster
+            chain = sampled_chain_policy(draft, tree_policy, sample_drafts, generation_config)
+            policies = [chain, tree_policy] if adaptive and compare_policies else [chain]
     cache = model_kwargs.get("cache")
     if not isinstance(cache, DynamicCache) or cache.get_seq_length() > 0:
         raise ValueError(
             "DART tree decoding needs a fresh DynamicCache; a static cache or a cache that already holds a prefix "
             "is not supported (drop `cache_implementation` / `past_key_values`)."
         )
-    max_budget = getattr(tree_policy, "budget", config.tree_budget)
-    _check_sliding_window(cache, generation_config.max_length, max(max_budget, lookup_length))
+    max_budgets = [getattr(policy, "budget", config.tree_budget) for policy in policies]
+    _check_sliding_window(cache, generation_config.max_length, max(*max_budgets, lookup_length))
 
     pad_prefix, input_ids = _strip_left_padding(input_ids, model_kwargs.get("attention_mask"))
     if streamer is not None and dart_streamer is not None:
@@ -190,7 +210,7 @@ def dart_generate(
     stats.prefill_time = time.perf_counter() - start
 
     mode = decoding_mode(generation_config)
-    controller = adaptive_budget(draft, model, max_budget, lookup_length, mode) if adaptive else None
+    controller = adaptive_budget(draft, model, max_budgets, lookup_length, mode) if adaptive else None
     lookups = LookupTracker() if lookup_length else None
     draft_cache = DynamicCache()
 
@@ -234,7 +254,7 @@ def dart_generate(
                 controller.record_lookup_step(accept_seconds, length + 1, forward_seconds)
                 continue
 
-        budget = controller.next_budget() if controller is not None else max_budget
+        budget = controller.next_budget() if controller is not None else max_budgets[0]
         if budget == 0:  # plain decoding step; its features wait for the draft's next step
             tick = time.perf_counter()
             step_features, stopped, forward_seconds = plain_step(input_ids[:, -1:])
@@ -261,9 +281,11 @@ def dart_generate(
 
         tick = time.perf_counter()
         if controller is not None:
-            tree = tree_policy(draft_logits[0], input_ids[0], draft.draft_to_target, budget=budget)
+            step_policy = policies[controller.arm]
+            tree = step_policy(draft_logits[0], input_ids[0], draft.draft_to_target, budget=budget)
         else:
-            tree = tree_policy(draft_logits[0], input_ids[0], draft.draft_to_target)
+            step_policy = policies[0]
+            tree = step_policy(draft_logits[0], input_ids[0], draft.draft_to_target)
         tree_seconds = time.perf_counter() - tick
         stats.tree_time += tree_seconds
 
@@ -272,6 +294,7 @@ def dart_generate(
         stats.verify_time += time.perf_counter() - tick
         stats.tree_sizes.append(len(tree))
         stats.budgets.append(budget)
+        stats.tree_kinds.append("drawn" if isinstance(step_policy, SampledChainPolicy) else "tree")
         if controller is not None:
             controller.record_step(tree, path, budget, draft_seconds + tree_seconds + accept_seconds, forward_seconds)
     stats.total_time = time.perf_counter() - start
@@ -299,30 +322,43 @@ def choose_token(scores: torch.Tensor, do_sample: bool) -> int:
 
 
 def adaptive_budget(
-    draft: DartDraftModel, target: PreTrainedModel, max_budget: int, max_chain: int = 0, mode: tuple = ("greedy",)
-) -> AdaptiveBudget:
+    draft: DartDraftModel,
+    target: PreTrainedModel,
+    max_budgets: list[int],
+    max_chain: int = 0,
+    mode: tuple = ("greedy",),
+) -> AdaptiveBudget | PolicyChoice:
     """The budget controller for one `generate` call in decoding `mode` (`decoding_mode`): the target's forward
-    costs (calibrated once per model and machine for trees up to `max_budget` or `max_chain` lookup tokens, then
-    memoised on the draft) and the draft's acceptance and lookup evidence and plain steps since the last probe in
-    that mode (`select_decoding_mode`), and its recent forward timings, shared across calls."""
+    costs (calibrated once per model and machine for trees up to the largest of `max_budgets` or `max_chain`
+    lookup tokens, then memoised on the draft) and the draft's acceptance and lookup evidence and plain steps since
+    the last probe in that mode (`select_decoding_mode`), and its recent forward timings, shared across calls.
+    One largest budget per tree policy: an `AdaptiveBudget` for one, a `PolicyChoice` between two, the second
+    policy's acceptance kept apart (`_dart_second_policy_history`)."""
     select_decoding_mode(draft, mode)
     key = calibration_key(target)
     memo = getattr(draft, "_dart_forward_costs", None) or {}
-    max_nodes = max(max_budget, max_chain) + 1
+    max_nodes = max(*max_budgets, max_chain) + 1
     if key not in memo or memo[key].node_counts[-1] < max_nodes:
         memo[key] = calibrate_forward_costs(target, list(draft.config.feature_layers), max_nodes)
         draft._dart_forward_costs = memo
-    history = _shared(draft, "_dart_acceptance_history", lambda: deque(maxlen=64))  # acceptance varies by text
+    if len(max_budgets) > 2:
+        raise ValueError(f"adaptive_budget weighs at most two tree policies, got {len(max_budgets)}.")
     lookup = _shared(draft, "_dart_lookup_evidence", LookupEvidence)
     timings = _shared(draft, "_dart_forward_timings", ForwardTimings)
     # probes are spaced over the decoding stream, not per call: a wait longer than one call's tokens still ends
     plain_run = getattr(draft, "_dart_plain_run", 0)
-    return AdaptiveBudget(memo[key], max_budget, history, lookup=lookup, timings=timings, plain_run=plain_run)
+    controllers = []
+    for name, max_budget in zip(("_dart_acceptance_history", "_dart_second_policy_history"), max_budgets):
+        history = _shared(draft, name, lambda: deque(maxlen=64))  # acceptance varies by text
+        controllers.append(
+            AdaptiveBudget(memo[key], max_budget, history, lookup=lookup, timings=timings, plain_run=plain_run)
+        )
+    return controllers[0] if len(controllers) == 1 else PolicyChoice(controllers)
 
 
 # what `adaptive_budget` keeps on the draft across `generate` calls besides the forward-cost calibration: evidence
 # per decoding mode (the current mode's, and the other modes' set aside) and the recent forwards' timings
-MODE_EVIDENCE = ("_dart_acceptance_history", "_dart_lookup_evidence", "_dart_plain_run")
+MODE_EVIDENCE = ("_dart_acceptance_history", "_dart_second_policy_history", "_dart_lookup_evidence", "_dart_plain_run")
 CONTROLLER_STATE = MODE_EVIDENCE + ("_dart_forward_timings", "_dart_decoding_mode", "_dart_evidence_by_mode")
 
 

@@ -105,8 +105,12 @@ def self_distill(
     pad_token_id: int = 0,
     progress: bool = True,
     scheduler: str = "auto",
+    temperature: float = 0.0,
+    seed: int = 0,
 ) -> list[dict]:
-    """Regenerate the responses with the target (greedy), so the draft learns the target's own outputs.
+    """Regenerate the responses with the target, so the draft learns the target's own outputs: greedy, or with
+    `temperature` > 0 sampled at that temperature from the whole vocabulary (no top-k or top-p), which gives new
+    replies to prompts whose greedy reply is already known.
 
     scheduler "continuous": Transformers' continuous batching (`init_continuous_batching`): a finished row is
     refilled with the next prompt at once, and each response is written as soon as it finishes; `batch_size` caps
@@ -115,10 +119,14 @@ def self_distill(
     measured slower (SmolLM2-135M, 2 cores, 16 prompts x 48 tokens: 50-58 against 82-86 tokens/s). Either way every
     record is appended to `output_path` (JSONL, one `{"id", "prompt_ids", "response_ids"}` per prompt, id = index in
     `prompts`) and flushed, so an interrupted run loses nothing it already generated; a rerun skips the ids already
-    written. Returns all examples in the file.
+    written. Returns all examples in the file. When sampling, the static scheduler seeds each batch with `seed` plus
+    its first prompt's id (a rerun of the same batches draws the same replies); the continuous one seeds once.
     """
     if scheduler not in ("auto", "continuous", "static"):
         raise ValueError(f"scheduler must be 'auto', 'continuous' or 'static', got {scheduler!r}.")
+    if not temperature >= 0:
+        raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature}.")
+    sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature else {}
     if scheduler == "auto":
         scheduler = "static" if target.device.type == "cpu" else "continuous"
     output_path = Path(output_path)
@@ -128,7 +136,10 @@ def self_distill(
     eos = target.generation_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
     if scheduler == "continuous" and todo:
-        _self_distill_continuous(target, prompts, todo, output_path, max_new_tokens, batch_size, eos_ids, progress)
+        torch.manual_seed(seed)
+        _self_distill_continuous(
+            target, prompts, todo, output_path, max_new_tokens, batch_size, eos_ids, progress, sampling
+        )
         return _read_jsonl(output_path)
     with open(output_path, "a", encoding="utf-8") as handle, tqdm(
         total=len(todo), desc="self-distilling", disable=not progress
@@ -142,9 +153,11 @@ def self_distill(
                 ids = prompts[index]
                 input_ids[row, width - len(ids) :] = torch.tensor(ids)
                 attention_mask[row, width - len(ids) :] = 1
+            if sampling:
+                torch.manual_seed(seed + batch[0])
             output = target.generate(
                 input_ids=input_ids.to(target.device), attention_mask=attention_mask.to(target.device),
-                max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad_token_id,
+                max_new_tokens=max_new_tokens, pad_token_id=pad_token_id, **(sampling or {"do_sample": False}),
             )
             for row, index in enumerate(batch):
                 _write_record(handle, index, prompts[index], output[row, width:].tolist(), eos_ids)
@@ -156,14 +169,14 @@ def self_distill(
 @torch.no_grad()
 def _self_distill_continuous(
     target, prompts: list[list[int]], todo: list[int], output_path: Path, max_new_tokens: int, batch_size: int,
-    eos_ids: set[int], progress: bool,
+    eos_ids: set[int], progress: bool, sampling: dict,
 ) -> None:
     """`self_distill` on Transformers' continuous-batching manager: rows are refilled as they finish."""
     from transformers import ContinuousBatchingConfig, GenerationConfig
 
     generation_config = GenerationConfig(
-        max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=sorted(eos_ids) or -1,
-        pad_token_id=target.generation_config.pad_token_id,
+        max_new_tokens=max_new_tokens, eos_token_id=sorted(eos_ids) or -1,
+        pad_token_id=target.generation_config.pad_token_id, **(sampling or {"do_sample": False}),
     )
     # sized to the workload: the defaults size the cache from free memory, which costs seconds of setup on a CPU
     longest_prompt = max(len(prompts[index]) for index in todo)
