@@ -93,11 +93,13 @@ def test_each_dart_method_keeps_its_own_evidence_and_the_warm_up_leaves_none(mon
 def test_speedups_are_per_new_token_and_a_sampled_run_has_no_greedy_check():
     # sampled outputs may end at different lengths: half the time for half the tokens is no speedup
     vanilla = bench.MethodResult(seconds=[2.0, 2.0], tokens=[10, 10])
-    dart = bench.MethodResult(seconds=[1.0, 1.0], tokens=[5, 5], taus=[1.5, 1.5], verify_steps=4)
+    dart = bench.MethodResult(seconds=[1.0, 1.0], tokens=[5, 5], taus=[1.5, 1.5], verify_steps=4,
+                              tree_kinds=["drawn", "drawn", "drawn", "tree"])
     summary = bench.summarise({"set-a": {"vanilla": vanilla, "dart": dart}}, sampled=True)
     row = summary["set-a"]["dart"]
     assert row["speedup_total"] == 1.0 and row["speedup_median"] == 1.0 and row["speedup_total_ci95"] == [1.0, 1.0]
     assert row["greedy_mismatches"] is None and row["tokens"] == [5, 5]
+    assert row["drawn_fraction"] == 0.75 and "75% drawn" in bench.markdown_table(summary)
     greedy = bench.summarise({"set-a": {"vanilla": vanilla, "dart": bench.MethodResult(
         seconds=[1.0, 1.0], tokens=[10, 10], verify_steps=4)}})["overall"]["dart"]
     assert greedy["speedup_total"] == 2.0 and greedy["greedy_mismatches"] == 0

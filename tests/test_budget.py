@@ -234,7 +234,7 @@ def test_policy_choice_tries_a_policy_without_evidence_every_other_step():
     # the tree's first steps use its evidence-free budget (8: 9 nodes cost 18 ms, under two tokens' 20 ms); four
     # steps give it tau 3 at budget 2, 4 ms per token against the chain's 3.25 (tau 4 at budget 3): the chain wins
     assert steps == [(0, 3), (1, 8)] * 4 + [(0, 3), (0, 3)]
-    assert len(tree.history) == 4 and controller.arm_steps == [6, 4]
+    assert len(tree.history) == 4 and len(chain.history) == 8 + 6
 
 
 def test_policy_choice_counts_plain_steps_towards_every_policys_probe():

@@ -24,6 +24,8 @@ budget m. Plain decoding commits one token per f(1). So:
   candidate: its match length n (a continuation found after matching 3 tokens is far likelier to hold than one
   found after matching 1), whether the earlier occurrences disagree on what follows, and which occurrence it
   follows (the latest or the earliest), recent outcomes weighing more.
+- When sampling, two tree policies compete (`PolicyChoice`): the drawn chain and the deterministic tree, each with
+  its own `AdaptiveBudget` and acceptance evidence; a step drafts with the one that is cheaper per token.
 """
 
 from __future__ import annotations
@@ -416,7 +418,6 @@ class PolicyChoice:
         self.explore_every = explore_every
         self.arm = 0
         self.steps = 0
-        self.arm_steps = [0] * len(controllers)  # drafted steps per policy
 
     @property
     def lookup(self) -> LookupEvidence:
@@ -425,9 +426,6 @@ class PolicyChoice:
     @property
     def plain_run(self) -> int:
         return self.controllers[0].plain_run
-
-    def plain_cost(self) -> float:
-        return self.controllers[0].plain_cost()
 
     def best(self) -> tuple[int | None, float, float]:
         """The chosen policy's `best` (budget, seconds per token, tau): the lowest seconds per token of any."""
@@ -461,7 +459,6 @@ class PolicyChoice:
     ) -> None:
         """`AdaptiveBudget.record_step` of the policy `arm`, which built `tree`."""
         self.controllers[self.arm].record_step(tree, path, budget, overhead_seconds, forward_seconds)
-        self.arm_steps[self.arm] += 1
         self._timings_moved()
         for controller in self.controllers:
             controller.plain_run = 0
