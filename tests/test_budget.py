@@ -240,14 +240,21 @@ def test_policy_choice_tries_a_policy_without_evidence_every_other_step():
 def test_policy_choice_counts_plain_steps_towards_every_policys_probe():
     controller = policy_choice(STEEP, [(8, [])] * 8, [(60, [])] * 8, probe_share=0.3)  # both lose to plain steps
     decisions = []
-    for _ in range(5):
+    for _ in range(4):
         decisions.append(controller.next_budget())
-        if decisions[-1] == 0:
-            controller.record_plain_step()
-    assert decisions[:4] == [0, 0, 0, 0] and decisions[4] > 0  # the probe after 4 plain steps, as for one policy
+        controller.record_plain_step()
+    assert decisions == [0, 0, 0, 0]  # the first probe comes after 4 plain steps, as for one policy
     assert [c.plain_run for c in controller.controllers] == [4, 4]
-    controller.record_step(chain_of(decisions[4]), [0], decisions[4], 0.0)
-    assert [c.plain_run for c in controller.controllers] == [0, 0]
+    probed = []
+    for _ in range(4):  # probes go to the policies by turns, whichever is estimated faster
+        budget = controller.next_budget()
+        while budget == 0:
+            controller.record_plain_step()
+            budget = controller.next_budget()
+        probed.append(controller.arm)
+        controller.record_step(chain_of(budget), [0], budget, 0.0)  # nothing accepted: drafting still loses
+        assert [c.plain_run for c in controller.controllers] == [0, 0]
+    assert probed == [0, 1, 0, 1]
 
 
 @pytest.mark.parametrize("policy", [TopKTreePolicy(budget=40, top_k=6), BeamSearchTreePolicy(budget=40, top_k=6)])

@@ -404,11 +404,13 @@ class PolicyChoice:
     level, so its acceptance saturates; the deterministic tree accepts more with every node it adds, which pays
     where a large tree costs about one token's forward (a GPU) and not where it costs several (a CPU).
 
-    Each step drafts with the policy whose controller estimates the lowest seconds per token (its `best`); every
-    `explore_every`-th step uses the runner-up, so that its evidence follows the text; a policy with no estimate yet
-    takes every other step until it has one. `arm` is the index of the policy the step that `next_budget` decided
-    drafts with. Plain decoding steps and the probes that end them are the chosen policy's controller's decisions;
-    a plain step counts towards every policy's next probe, a verified step ends every policy's plain run.
+    The policy whose controller estimates the lowest seconds per token (its `best`) decides each step: a plain
+    decoding step, or a tree of its budget. Of those drafted steps, every `explore_every`-th goes to the runner-up
+    at its own best budget, so that its evidence follows the text; while a policy has no estimate yet, every other
+    one does. While drafting loses to plain decoding the drafted steps are probes, and they go to the policies by
+    turns: a policy that is probed no more would keep the evidence it had when it fell behind. A plain step counts
+    towards every policy's next probe, a verified step ends every policy's plain run. `arm` is the index of the
+    policy that drafts the step `next_budget` decided.
     """
 
     def __init__(self, controllers: list[AdaptiveBudget], explore_every: int = 16):
@@ -417,7 +419,8 @@ class PolicyChoice:
         self.controllers = controllers
         self.explore_every = explore_every
         self.arm = 0
-        self.steps = 0
+        self.drafted = 0  # drafted steps decided, probes included
+        self.probes = 0
 
     @property
     def lookup(self) -> LookupEvidence:
@@ -433,17 +436,23 @@ class PolicyChoice:
 
     def next_budget(self) -> int:
         """The budget for the next step (0: a plain decoding step), drafted with the policy `arm`."""
-        self.steps += 1
-        costs = [controller.best()[1] for controller in self.controllers]
-        ranked = sorted(range(len(costs)), key=lambda i: costs[i])
-        untried = [i for i, controller in enumerate(self.controllers) if controller.best()[0] is None]
-        if untried and self.steps % 2 == 0:
-            self.arm = untried[0]
-        elif self.steps % self.explore_every == 0:
-            self.arm = ranked[1]
-        else:
-            self.arm = ranked[0]
-        return self.controllers[self.arm].next_budget()
+        ranked = sorted(range(len(self.controllers)), key=lambda i: self.controllers[i].best()[1])
+        fastest = self.controllers[ranked[0]]
+        self.arm = ranked[0]
+        budget = fastest.next_budget()
+        if budget == 0:
+            return 0
+        self.drafted += 1
+        untried = [i for i in ranked[1:] if self.controllers[i].best()[0] is None]
+        if fastest.best()[0] is not None and fastest.best()[1] >= fastest.plain_cost():  # a probe: by turns
+            self.probes += 1
+            self.arm = (self.probes - 1) % len(self.controllers)
+        elif self.drafted % (2 if untried else self.explore_every) == 0:
+            self.arm = untried[0] if untried else ranked[1]
+        if self.arm == ranked[0]:
+            return budget
+        chosen = self.controllers[self.arm]
+        return chosen.best()[0] or chosen.first_budget()
 
     def lookup_choice(self, candidates: list[tuple[Hashable, int]]) -> tuple[int, int]:
         """`AdaptiveBudget.lookup_choice` against the fastest policy's drafted tree."""
