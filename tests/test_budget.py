@@ -237,6 +237,19 @@ def test_policy_choice_tries_a_policy_without_evidence_every_other_step():
     assert len(tree.history) == 4 and len(chain.history) == 8 + 6
 
 
+def test_the_tree_is_weighed_beside_drawn_chains_only_where_wide_trees_are_cheap():
+    from dart_hf.generation import adaptive_budget
+
+    target = tiny_target("llama", seed=5)
+    draft = DartDraftModel.from_target(target)
+    this_cpu = ForwardCosts([1, 3, 9, 17, 65], [0.0332, 0.0363, 0.0613, 0.0746, 0.12])  # SmolLM2 on this CPU
+    for costs, weighed in ((FLAT, True), (MODERATE, False), (this_cpu, False)):
+        force_costs(draft, target, costs)
+        controller = adaptive_budget(draft, target, [8, 60], mode=("sample", 1.0))
+        assert isinstance(controller, PolicyChoice) == weighed  # a 17-node tree against two one-token forwards
+        assert controller.arm == 0
+
+
 def test_policy_choice_counts_plain_steps_towards_every_policys_probe():
     controller = policy_choice(STEEP, [(8, [])] * 8, [(60, [])] * 8, probe_share=0.3)  # both lose to plain steps
     decisions = []
@@ -343,8 +356,8 @@ def test_greedy_evidence_does_not_decide_a_sampling_call():
     # a sampling call has no evidence of its own yet: it drafts until its own steps say drafting loses
     target.generate(prompt, max_new_tokens=12, do_sample=True, top_k=20, assistant_model=draft)
     assert draft.stats.verify_steps >= 4
-    sampling_history = draft._dart_acceptance_history  # the drawn chain's, beside the deterministic tree's
-    assert len(sampling_history) + len(draft._dart_second_policy_history) == draft.stats.verify_steps
+    sampling_history = draft._dart_acceptance_history
+    assert len(sampling_history) == draft.stats.verify_steps
     # back to greedy: its own evidence again, plain from the first step; and sampling's is kept for later
     expected = target.generate(prompt, max_new_tokens=12, do_sample=False)
     assert torch.equal(target.generate(prompt, max_new_tokens=12, do_sample=False, assistant_model=draft), expected)

@@ -332,8 +332,11 @@ def adaptive_budget(
     costs (calibrated once per model and machine for trees up to the largest of `max_budgets` or `max_chain`
     lookup tokens, then memoised on the draft) and the draft's acceptance and lookup evidence and plain steps since
     the last probe in that mode (`select_decoding_mode`), and its recent forward timings, shared across calls.
-    One largest budget per tree policy: an `AdaptiveBudget` for one, a `PolicyChoice` between two, the second
-    policy's acceptance kept apart (`_dart_second_policy_history`)."""
+    One largest budget per tree policy: an `AdaptiveBudget` for one, a `PolicyChoice` between two (the drawn chain,
+    then the deterministic tree), the second policy's acceptance kept apart (`_dart_second_policy_history`). The
+    tree beats the chain only with more nodes than the chain has levels, so it is weighed only where a tree of
+    twice as many nodes costs at most two one-token forwards (a GPU); elsewhere (this project's CPU: 2.2) the
+    chain alone drafts, since weighing it there measured 1-2% slower (`benchmarks/HISTORY.md`)."""
     select_decoding_mode(draft, mode)
     key = calibration_key(target)
     memo = getattr(draft, "_dart_forward_costs", None) or {}
@@ -347,11 +350,14 @@ def adaptive_budget(
     timings = _shared(draft, "_dart_forward_timings", ForwardTimings)
     # probes are spaced over the decoding stream, not per call: a wait longer than one call's tokens still ends
     plain_run = getattr(draft, "_dart_plain_run", 0)
+    costs = memo[key]
     controllers = []
     for name, max_budget in zip(("_dart_acceptance_history", "_dart_second_policy_history"), max_budgets):
+        if controllers and costs(2 * controllers[0].max_budget + 1) > 2 * costs(1):
+            break
         history = _shared(draft, name, lambda: deque(maxlen=64))  # acceptance varies by text
         controllers.append(
-            AdaptiveBudget(memo[key], max_budget, history, lookup=lookup, timings=timings, plain_run=plain_run)
+            AdaptiveBudget(costs, max_budget, history, lookup=lookup, timings=timings, plain_run=plain_run)
         )
     return controllers[0] if len(controllers) == 1 else PolicyChoice(controllers)
 
