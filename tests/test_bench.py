@@ -105,6 +105,17 @@ def test_speedups_are_per_new_token_and_a_sampled_run_has_no_greedy_check():
     assert greedy["speedup_total"] == 2.0 and greedy["greedy_mismatches"] == 0
 
 
+def test_calls_slowed_by_other_work_are_counted_and_flagged():
+    vanilla = bench.MethodResult(seconds=[1.0, 1.1, 0.9, 3.2], tokens=[10, 10, 10, 10])  # the last: 3.2x the median
+    dart = bench.MethodResult(seconds=[0.5, 0.6, 0.4, 1.4], tokens=[5, 5, 5, 10])  # per token 1.4 / 10 is no outlier
+    summary = bench.summarise({"set-a": {"vanilla": vanilla, "dart": dart}})
+    assert summary["set-a"]["vanilla"]["slow_calls"] == 1 and summary["set-a"]["dart"]["slow_calls"] == 0
+    assert "slow_calls" not in summary["overall"]["vanilla"]
+    assert "set-a vanilla 1." in bench.markdown_table(summary)
+    vanilla.seconds[-1] = 2.9
+    assert "median seconds" not in bench.markdown_table(bench.summarise({"set-a": {"vanilla": vanilla}}))
+
+
 def test_bootstrap_interval_holds_the_estimate_and_widens_with_noise():
     assert bench.bootstrap_interval([2.0] * 10, [1.0] * 10) == [2.0, 2.0]  # no spread, no uncertainty
     rng = random.Random(0)

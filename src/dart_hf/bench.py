@@ -36,6 +36,9 @@ from .zoo import load_draft, load_target
 
 BENCHMARK_SETS = [name for name, prompt_set in PROMPT_SETS.items() if prompt_set.role == "benchmark"]
 WARM_UP_PROMPT = "Say hello."  # not from any prompt set
+# a call this many times slower per new token than its method's median on the set is flagged: in clean runs on
+# this project's CPU no call passed 2.5x; calls slowed by other work on the machine took 3.4-5.5x
+SLOW_CALL_FACTOR = 3.0
 METHODS = [
     "vanilla", "vanilla_bf16", "prompt_lookup", "dart_chain", "dart_no_ngram", "dart_no_lookup", "dart_fixed_drafts",
     "dart_drawn_only", "dart",
@@ -190,9 +193,10 @@ def run_benchmark(
 
 def summarise(results: dict[str, dict[str, MethodResult]], sampled: bool = False) -> dict:
     """Per set and overall: prompts, tokens/s, speedups over vanilla in seconds per new token (median of per-prompt
-    ratios, total), and for DART methods tau, time split, greedy mismatches (None for a `sampled` run, which has
-    no greedy output to compare), plain-decoding share and chosen budget, and for a sampled run the share of the
-    drafted trees that were drawn chains (`drawn_fraction`; the rest were deterministic trees)."""
+    ratios, total), per set the calls over SLOW_CALL_FACTOR times the method's median seconds per new token there
+    (`slow_calls`: other work on the machine), and for DART methods tau, time split, greedy mismatches (None for a
+    `sampled` run, which has no greedy output to compare), plain-decoding share and chosen budget, and for a
+    sampled run the share of the drafted trees that were drawn chains (`drawn_fraction`; the rest deterministic)."""
     summary = {}
     for set_name, per_method in list(results.items()) + [("overall", _merge(results))]:
         vanilla = per_method.get("vanilla")
@@ -202,6 +206,9 @@ def summarise(results: dict[str, dict[str, MethodResult]], sampled: bool = False
                 "prompts": len(result.seconds),
                 "tokens_per_second": sum(result.tokens) / max(sum(result.seconds), 1e-9),
             }
+            if set_name != "overall" and result.seconds:  # (sets differ in seconds per token: prefill lengths)
+                per_token = [s / max(t, 1) for s, t in zip(result.seconds, result.tokens)]
+                row["slow_calls"] = sum(p > SLOW_CALL_FACTOR * statistics.median(per_token) for p in per_token)
             if vanilla is not None:
                 ratios = [float(speedup([v], [s], [vt], [t]))
                           for v, s, vt, t in zip(vanilla.seconds, result.seconds, vanilla.tokens, result.tokens)]
@@ -311,6 +318,11 @@ def markdown_table(summary: dict) -> str:
         for set_name, alpha in alphas.items():
             if alpha is not None:
                 lines.append(f"| {set_name} | " + " | ".join(f"{a:.1%}" for a in alpha) + " |")
+    slow = [f"{set_name} {method} {row['slow_calls']}" for set_name, rows in summary.items()
+            for method, row in rows.items() if row.get("slow_calls")]
+    if slow:
+        lines += ["", f"Calls over {SLOW_CALL_FACTOR:g}x their method's median seconds per new token on the set (other "
+                  f"work on the machine? rerun those sets): {', '.join(slow)}."]
     return "\n".join(lines)
 
 
