@@ -82,11 +82,6 @@ class DartStats:
         return max(set(self.budgets), key=self.budgets.count) if self.budgets else None
 
     @property
-    def drawn_fraction(self) -> float:
-        """Share of the drafted trees that were chains of drawn tokens (sampling), the rest deterministic trees."""
-        return self.tree_kinds.count("drawn") / max(len(self.tree_kinds), 1)
-
-    @property
     def plain_fraction(self) -> float:
         """Share of the decoding steps that fell back to plain decoding (drafting did not pay)."""
         return self.plain_steps / max(self.plain_steps + self.verify_steps, 1)
@@ -337,6 +332,8 @@ def adaptive_budget(
     tree beats the chain only with more nodes than the chain has levels, so it is weighed only where a tree of
     twice as many nodes costs at most two one-token forwards (a GPU); elsewhere (this project's CPU: 2.2) the
     chain alone drafts, since weighing it there measured 1-2% slower (`benchmarks/HISTORY.md`)."""
+    if len(max_budgets) > 2:
+        raise ValueError(f"adaptive_budget weighs at most two tree policies, got {len(max_budgets)}.")
     select_decoding_mode(draft, mode)
     key = calibration_key(target)
     memo = getattr(draft, "_dart_forward_costs", None) or {}
@@ -344,22 +341,21 @@ def adaptive_budget(
     if key not in memo or memo[key].node_counts[-1] < max_nodes:
         memo[key] = calibrate_forward_costs(target, list(draft.config.feature_layers), max_nodes)
         draft._dart_forward_costs = memo
-    if len(max_budgets) > 2:
-        raise ValueError(f"adaptive_budget weighs at most two tree policies, got {len(max_budgets)}.")
     lookup = _shared(draft, "_dart_lookup_evidence", LookupEvidence)
     timings = _shared(draft, "_dart_forward_timings", ForwardTimings)
     # probes are spaced over the decoding stream, not per call: a wait longer than one call's tokens still ends
     plain_run = getattr(draft, "_dart_plain_run", 0)
-    costs = memo[key]
-    controllers = []
-    for name, max_budget in zip(("_dart_acceptance_history", "_dart_second_policy_history"), max_budgets):
-        if controllers and costs(2 * controllers[0].max_budget + 1) > 2 * costs(1):
-            break
-        history = _shared(draft, name, lambda: deque(maxlen=64))  # acceptance varies by text
-        controllers.append(
-            AdaptiveBudget(costs, max_budget, history, lookup=lookup, timings=timings, plain_run=plain_run)
+    controllers = [
+        AdaptiveBudget(
+            memo[key], max_budget, _shared(draft, name, lambda: deque(maxlen=64)),  # acceptance varies by text
+            lookup=lookup, timings=timings, plain_run=plain_run,
         )
-    return controllers[0] if len(controllers) == 1 else PolicyChoice(controllers)
+        for name, max_budget in zip(("_dart_acceptance_history", "_dart_second_policy_history"), max_budgets)
+    ]
+    chain = controllers[0]
+    if len(controllers) == 1 or chain.costs(2 * chain.max_budget + 1) > chain.first_cost * chain.costs(1):
+        return chain
+    return PolicyChoice(controllers)
 
 
 # what `adaptive_budget` keeps on the draft across `generate` calls besides the forward-cost calibration: evidence

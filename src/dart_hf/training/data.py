@@ -126,7 +126,9 @@ def self_distill(
         raise ValueError(f"scheduler must be 'auto', 'continuous' or 'static', got {scheduler!r}.")
     if not temperature >= 0:
         raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature}.")
-    sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature else {}
+    sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature else {
+        "do_sample": False
+    }
     if scheduler == "auto":
         scheduler = "static" if target.device.type == "cpu" else "continuous"
     output_path = Path(output_path)
@@ -153,11 +155,11 @@ def self_distill(
                 ids = prompts[index]
                 input_ids[row, width - len(ids) :] = torch.tensor(ids)
                 attention_mask[row, width - len(ids) :] = 1
-            if sampling:
+            if temperature:
                 torch.manual_seed(seed + batch[0])
             output = target.generate(
                 input_ids=input_ids.to(target.device), attention_mask=attention_mask.to(target.device),
-                max_new_tokens=max_new_tokens, pad_token_id=pad_token_id, **(sampling or {"do_sample": False}),
+                max_new_tokens=max_new_tokens, pad_token_id=pad_token_id, **sampling,
             )
             for row, index in enumerate(batch):
                 _write_record(handle, index, prompts[index], output[row, width:].tolist(), eos_ids)
@@ -176,7 +178,7 @@ def _self_distill_continuous(
 
     generation_config = GenerationConfig(
         max_new_tokens=max_new_tokens, eos_token_id=sorted(eos_ids) or -1,
-        pad_token_id=target.generation_config.pad_token_id, **(sampling or {"do_sample": False}),
+        pad_token_id=target.generation_config.pad_token_id, **sampling,
     )
     # sized to the workload: the defaults size the cache from free memory, which costs seconds of setup on a CPU
     longest_prompt = max(len(prompts[index]) for index in todo)
