@@ -71,7 +71,8 @@ def test_torchrun_two_ranks_agree_on_the_weights(tmp_path):
          str(script), str(tmp_path), str(tmp_path / "train.jsonl")],
         capture_output=True, text=True, env=env, timeout=600,
     )
-    assert result.returncode == 0, result.stderr[-3000:]
+    stages = {p.name: p.read_text().split("\n")[:-1] for p in sorted(tmp_path.glob("rank*.stages"))}
+    assert result.returncode == 0, f"stages reached: {stages}\n{result.stderr[-3000:]}"
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert ranks[0]["world"] == ranks[1]["world"] == 2
     assert ranks[0]["checksums"] == ranks[1]["checksums"]
