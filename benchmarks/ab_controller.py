@@ -1,61 +1,61 @@
 """The adaptive budget's controller against its previous version, side by side with vanilla `generate`.
 
-Previous version: the calibrated forward costs as they are, and a probe after 16 plain tokens whose wait doubles
-(up to 128) while probes keep losing. This version: calibrated costs scaled by measured forwards
-(`ForwardTimings`) and probes spaced by their expected loss (`AdaptiveBudget.probe_wait`). Both drafts are the
-shipped one (each with its own shared state), over the benchmark sets in the bench's order, interleaved prompt
-by prompt with the order reversed on every other prompt; every output is checked against vanilla's.
+Three arms, each the shipped draft with its own shared state:
+- previous: forward costs smoothed into a rising curve (each size raised to the dearest smaller size's cost), and
+  while drafting loses a probe drafts the best budget's tree (the one that loses least, often budget 1);
+- measured_costs: each size's calibrated cost as measured (`calibrate_forward_costs`, method 3), the old probe;
+- this: measured costs, and a probe drafts at least `first_budget`'s tree, so it refreshes the evidence of every
+  budget that could pay (`AdaptiveBudget.probe_budget`).
+Over the benchmark sets in the bench's order, interleaved prompt by prompt with the order reversed on every other
+prompt; every output is checked against vanilla's.
 
-    python benchmarks/ab_controller.py 15      # prompts per set; about 10 minutes on a 2-core CPU
+    python benchmarks/ab_controller.py 10 32 benchmarks/results/ab_controller_costs_probes.json
+    # prompts per set, new tokens, output; about 13 minutes on a 2-core CPU
 """
 
 import sys
+from pathlib import Path
 
-from _common import interleaved_speedups
+import numpy as np
+from _common import interleaved_speedups, report
 
 from dart_hf import generation
-from dart_hf.budget import AdaptiveBudget, ForwardTimings
+from dart_hf.budget import AdaptiveBudget, ForwardCosts
 from dart_hf.zoo import load_draft, load_target
 
 
-class PreviousBudget(AdaptiveBudget):
-    """The previous probe schedule: a fixed wait that doubles after each probe that finds drafting still losing."""
+class PreviousProbe(AdaptiveBudget):
+    """The previous probe: the best budget's tree, however small."""
 
-    probe_interval = 16
-    probing = False
+    def probe_budget(self) -> int:
+        budget = self.best()[0]
+        return self.first_budget() if budget is None else budget
 
-    def next_budget(self) -> int:
-        budget, seconds_per_token, _ = self.best()
-        if budget is None or seconds_per_token < self.plain_cost():
-            return super().next_budget()  # no evidence yet, or drafting pays: as this version decides
-        if self.plain_run >= self.probe_interval:
-            self.probing = True
-            return budget
-        return 0
 
-    def record_step(self, *args, **kwargs) -> None:
-        super().record_step(*args, **kwargs)
-        if self.probing:
-            self.probing = False
-            losing = self.best()[1] >= self.plain_cost()
-            self.probe_interval = min(2 * self.probe_interval, self.max_probe_interval) if losing else 16
+def smoothed(costs: ForwardCosts) -> ForwardCosts:
+    """The previous calibration's curve: more nodes never cost less."""
+    return ForwardCosts(costs.node_counts, np.maximum.accumulate(costs.seconds).tolist())
 
 
 def main() -> None:
-    prompts_per_set = int(sys.argv[1]) if len(sys.argv) > 1 else 15
+    prompts_per_set = int(sys.argv[1]) if len(sys.argv) > 1 else 10
+    max_new_tokens = int(sys.argv[2]) if len(sys.argv) > 2 else 32
+    out = Path(sys.argv[3]) if len(sys.argv) > 3 else None
     target, tokenizer = load_target("smollm2-135m-instruct")
-    drafts = {name: load_draft("smollm2-135m-instruct-dart", target) for name in ("previous", "this")}
-    drafts["previous"]._dart_forward_timings = ForwardTimings(window=0)  # calibrated costs as they are
+    drafts = {name: load_draft("smollm2-135m-instruct-dart", target) for name in ("previous", "measured_costs", "this")}
     make_controller = generation.adaptive_budget
 
     def adaptive_budget(draft, *args, **kwargs):
         controller = make_controller(draft, *args, **kwargs)
-        if draft is drafts["previous"]:
-            controller.__class__ = PreviousBudget
+        for budget in getattr(controller, "controllers", [controller]):
+            if draft is not drafts["this"]:
+                budget.__class__ = PreviousProbe
+            if draft is drafts["previous"]:
+                budget.costs = smoothed(budget.costs)
         return controller
 
     generation.adaptive_budget = adaptive_budget
-    interleaved_speedups(target, tokenizer, drafts, prompts_per_set)
+    report(interleaved_speedups(target, tokenizer, drafts, prompts_per_set, max_new_tokens), out)
 
 
 if __name__ == "__main__":

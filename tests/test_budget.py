@@ -64,7 +64,8 @@ def test_steep_costs_and_poor_acceptance_fall_back_to_plain_decoding_and_probe()
 
 def test_probes_wait_in_proportion_to_their_expected_loss():
     nothing_accepted = [(60, [])] * 8
-    assert AdaptiveBudget(MODERATE, 60, history_of(nothing_accepted)).probe_wait() == 4  # a 1 ms loss / 0.3 ms
+    # the probe is first_budget's tree (8 drafted nodes, 18 ms): one token for 18 ms against 10 ms, 8 ms / 0.3 ms
+    assert AdaptiveBudget(MODERATE, 60, history_of(nothing_accepted)).probe_wait() == 27
     assert AdaptiveBudget(STEEP, 60, history_of(nothing_accepted)).probe_wait() == 34  # 10 / 0.3
     hopeless = ForwardCosts([1, 65], [0.010, 6.410])  # 100 ms per node
     assert AdaptiveBudget(hopeless, 60, history_of(nothing_accepted)).probe_wait() == 128  # the cap
@@ -75,6 +76,26 @@ def test_probes_wait_in_proportion_to_their_expected_loss():
         controller.record_step(tree, [0, 1], 4, 0.0)  # the text changed: drafted tokens are accepted
     controller.plain_run = 0
     assert controller.next_budget() > 0  # drafting pays again: no plain steps in between
+
+
+def test_probes_refresh_the_evidence_of_every_budget_that_could_pay():
+    # a CPU's shape: a 2-node tree costs 1.7 tokens, 3 to 17 nodes cost 2, more nodes dearer; once only budget-1
+    # steps were recorded, budget 1 alone has an estimate, and with tau <= 2 it can never beat plain decoding
+    cpu = ForwardCosts([1, 2, 17, 65], [0.010, 0.017, 0.020, 0.040])
+    controller = AdaptiveBudget(cpu, 60, history_of([(1, [])] * 8), probe_share=0.3)
+    assert list(controller.estimate()) == [1] and controller.best()[1] > controller.plain_cost()
+    assert controller.first_budget() == 16
+    decisions = []
+    while not decisions or decisions[-1] == 0:
+        decisions.append(controller.next_budget())
+        if decisions[-1] == 0:
+            controller.record_plain_step()
+    assert decisions[-1] == 16  # the probe is the largest tree costing at most two tokens, not budget 1
+    tree = TopKTreePolicy(budget=16)(torch.randn(4, 10), torch.tensor([0]), lambda ids: ids)
+    path = [0, 1, 2, 3]  # 3 drafted tokens accepted, ranks within the 16 best: tau 4 for 20 ms
+    for _ in range(4):
+        controller.record_step(tree, path, 16, 0.0)
+    assert controller.best()[0] > 1 and controller.next_budget() > 0  # drafting pays again, at a larger budget
 
 
 def test_measured_forward_timings_scale_the_calibrated_costs():
@@ -301,6 +322,24 @@ def test_calibration_measures_once_and_is_cached_on_disk(tmp_path, monkeypatch):
     monkeypatch.setattr(budget_module, "forward_tree", no_forward)
     again = calibrate_forward_costs(target, [2, 3, 4], max_nodes=17, context_length=16, repeats=1)
     assert again == costs
+
+
+def test_calibration_keeps_a_size_that_measures_cheaper_than_a_smaller_one(tmp_path, monkeypatch):
+    # as a 2-core CPU's float32 matmuls do: 3 nodes slower than 4 or 5 (146 ms against 116-122 ms)
+    monkeypatch.setattr(budget_module, "cost_cache_dir", lambda: tmp_path)
+    seconds_by_nodes = {1: 0.077, 2: 0.129, 3: 0.146, 4: 0.116, 5: 0.122, 7: 0.153, 9: 0.125}
+    clock = [0.0]
+    real_forward = budget_module.forward_tree
+
+    def timed_forward(target, tree, *args, **kwargs):  # the real forward, on a clock that reads the given costs
+        clock[0] += seconds_by_nodes[len(tree)]
+        return real_forward(target, tree, *args, **kwargs)
+
+    monkeypatch.setattr(budget_module, "forward_tree", timed_forward)
+    monkeypatch.setattr(budget_module.time, "perf_counter", lambda: clock[0])
+    costs = calibrate_forward_costs(tiny_target("llama"), [2, 3, 4], max_nodes=9, context_length=16, repeats=2)
+    assert dict(zip(costs.node_counts, costs.seconds)) == pytest.approx(seconds_by_nodes)
+    assert costs(4) < costs(3)
 
 
 def test_plain_fallback_is_lossless_greedy_and_engages():

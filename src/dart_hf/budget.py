@@ -15,7 +15,8 @@ budget m. Plain decoding commits one token per f(1). So:
   f(1), it decodes plainly and probes with a tree now and then to notice when drafting pays again. A probe costs
   its expected loss, tau(m) times the gap per token, so it waits for as many plain steps as keep probes' losses
   under `probe_share` of the plain decoding time: a tree that nearly pays is probed every few steps (so the
-  evidence follows a change of text quickly), one that loses badly rarely. Every `explore_every` steps it tries
+  evidence follows a change of text quickly), one that loses badly rarely. A probe is at least `first_budget`'s
+  tree, so that it refreshes the evidence of every budget that could pay. Every `explore_every` steps it tries
   twice the chosen budget, which is how larger budgets get evidence. With no evidence at all it starts with the
   largest tree that costs at most twice one token (`first_budget`).
 - Context lookup (`dart_hf.lookup`) chains are scored on every step for free, so `lookup_choice` needs no probes:
@@ -48,8 +49,9 @@ from .tree import Tree
 from .verify import forward_tree
 
 # bumped when what `forward_tree` runs changes, so that costs cached on disk by an older version are re-measured
-# (2: the feature layers read by dart_hf.features' hooks instead of `output_hidden_states`; the fastest run kept)
-CALIBRATION_METHOD = 2
+# (2: the feature layers read by dart_hf.features' hooks instead of `output_hidden_states`; the fastest run kept;
+# 3: each size's fastest run as measured, no longer raised to the largest cost of any smaller size)
+CALIBRATION_METHOD = 3
 CANDIDATE_BUDGETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
@@ -123,8 +125,9 @@ def calibrate_forward_costs(
             if repeat > 0:  # the first round warms up
                 size_times.append(time.perf_counter() - start)
             cache.crop(-len(tree))
+    # not smoothed into a rising curve: on a 2-core CPU's float32 matmuls 4, 5, 9 and 17 nodes measured 116-125 ms
+    # where 3 and 7 took 146-153 ms (the same at a 400-token context), so the budget of 3 nodes was the dearer one
     seconds = [min(size_times) for size_times in times]
-    seconds = np.maximum.accumulate(seconds).tolist()  # more nodes never cost less: smooths timing noise
     costs = ForwardCosts(node_counts, seconds)
     if use_disk_cache:
         stored[key] = {"node_counts": node_counts, "seconds": seconds}
@@ -305,10 +308,22 @@ class AdaptiveBudget:
             self._best = budget, estimates[budget][1], estimates[budget][0]
         return self._best
 
+    def probe_budget(self) -> int:
+        """The budget of a probe while drafting loses: the best budget, or `first_budget` where that is larger. A
+        step tells what every budget up to its own would have accepted, so a probe of the largest tree that costs
+        at most `first_cost` one-token forwards refreshes the evidence of every budget that could pay. Probing the
+        best budget alone kept the evidence of larger ones from coming back: the tree that loses least is often
+        the cheapest (budget 1, whose tau cannot pass 2), and as its records filled the history the larger
+        budgets' fell out of it, until none but the smallest had an estimate."""
+        budget = self.best()[0]
+        return self.first_budget() if budget is None else max(budget, self.first_budget())
+
     def probe_wait(self) -> int:
         """Plain steps between probes while drafting loses: a probe's expected loss over plain decoding (tau times
-        the gap per token) spread so that probes cost at most `probe_share` of the plain decoding time."""
+        the gap per token, at the probe's budget where that has an estimate) spread so that probes cost at most
+        `probe_share` of the plain decoding time."""
         _, seconds_per_token, tau = self.best()
+        tau, seconds_per_token = self.estimate().get(self.probe_budget(), (tau, seconds_per_token))
         plain = self.plain_cost()
         loss = tau * (seconds_per_token - plain)
         return min(math.ceil(loss / (self.probe_share * plain)), self.max_probe_interval)
@@ -328,7 +343,7 @@ class AdaptiveBudget:
             return self.first_budget()
         if seconds_per_token >= self.plain_cost():  # drafting loses to plain decoding
             if self.plain_run >= self.probe_wait():
-                return budget  # a probe: does drafting pay again? (its record resets the plain run)
+                return self.probe_budget()  # a probe: does drafting pay again? (its record resets the plain run)
             return 0
         self.steps += 1
         if self.steps % self.explore_every == 0 and budget < self.max_budget:
@@ -444,7 +459,8 @@ class PolicyChoice:
             return 0
         self.drafted += 1
         untried = [i for i in ranked[1:] if self.controllers[i].best()[0] is None]
-        if fastest.best()[0] is not None and fastest.best()[1] >= fastest.plain_cost():  # a probe: by turns
+        probe = fastest.best()[0] is not None and fastest.best()[1] >= fastest.plain_cost()
+        if probe:  # by turns
             self.probes += 1
             self.arm = (self.probes - 1) % len(self.controllers)
         elif self.drafted % (2 if untried else self.explore_every) == 0:
@@ -452,7 +468,7 @@ class PolicyChoice:
         if self.arm == ranked[0]:
             return budget
         chosen = self.controllers[self.arm]
-        return chosen.best()[0] or chosen.first_budget()
+        return chosen.probe_budget() if probe else chosen.best()[0] or chosen.first_budget()
 
     def lookup_choice(self, candidates: list[tuple[Hashable, int]]) -> tuple[int, int]:
         """`AdaptiveBudget.lookup_choice` against the fastest policy's drafted tree."""
