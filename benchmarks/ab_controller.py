@@ -10,7 +10,7 @@ Over the benchmark sets in the bench's order, interleaved prompt by prompt with 
 prompt; every output is checked against vanilla's.
 
     python benchmarks/ab_controller.py 10 32 benchmarks/results/ab_controller_costs_probes.json
-    # prompts per set, new tokens, output; about 13 minutes on a 2-core CPU
+    # prompts per set, new tokens, output; about 16 minutes on a 2-core CPU
 """
 
 import sys
