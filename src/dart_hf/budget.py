@@ -257,7 +257,7 @@ class AdaptiveBudget:
         self.first_cost = first_cost
         self.overhead_window = overhead_window  # the overhead is the mean of this many recent steps'
         self.plain_run = plain_run  # plain steps since the last tree, carried across calls by the caller
-        self._best = None  # best() until the next record_step
+        self._estimates = None  # cached_estimate() until the next record_step
         self.steps = 0
         self.budgets = [b for b in CANDIDATE_BUDGETS if b < max_budget] + [max_budget]
         self.lookup = lookup if lookup is not None else LookupEvidence()
@@ -297,16 +297,20 @@ class AdaptiveBudget:
         mean, plus the bonus token."""
         return 1.0 + float(accepted_drafted.mean())
 
+    def cached_estimate(self) -> dict[int, tuple[float, float]]:
+        """`estimate()`, kept until the next verified step, since plain steps change neither the history nor the
+        overhead (plain steps ask for it on every step: `probe_wait`)."""
+        if self._estimates is None:
+            self._estimates = self.estimate()
+        return self._estimates
+
     def best(self) -> tuple[int | None, float, float]:
-        """The budget with the lowest estimated seconds per token (None without evidence), that cost and its tau;
-        kept until the next verified step, since plain steps change neither the history nor the overhead."""
-        if self._best is None:
-            estimates = self.estimate()
-            if not estimates:
-                return None, float("inf"), 1.0
-            budget = min(estimates, key=lambda m: estimates[m][1])
-            self._best = budget, estimates[budget][1], estimates[budget][0]
-        return self._best
+        """The budget with the lowest estimated seconds per token (None without evidence), that cost and its tau."""
+        estimates = self.cached_estimate()
+        if not estimates:
+            return None, float("inf"), 1.0
+        budget = min(estimates, key=lambda m: estimates[m][1])
+        return budget, estimates[budget][1], estimates[budget][0]
 
     def probe_budget(self) -> int:
         """The budget of a probe while drafting loses: the best budget, or `first_budget` where that is larger. A
@@ -323,7 +327,7 @@ class AdaptiveBudget:
         the gap per token, at the probe's budget where that has an estimate) spread so that probes cost at most
         `probe_share` of the plain decoding time."""
         _, seconds_per_token, tau = self.best()
-        tau, seconds_per_token = self.estimate().get(self.probe_budget(), (tau, seconds_per_token))
+        tau, seconds_per_token = self.cached_estimate().get(self.probe_budget(), (tau, seconds_per_token))
         plain = self.plain_cost()
         loss = tau * (seconds_per_token - plain)
         return min(math.ceil(loss / (self.probe_share * plain)), self.max_probe_interval)
@@ -386,7 +390,7 @@ class AdaptiveBudget:
         `nodes` nodes (root included)."""
         self.lookup.overheads.append(overhead_seconds)
         self._record_forward("verify", nodes, forward_seconds)
-        self._best = None  # the verify forwards' scale moved
+        self._estimates = None  # the verify forwards' scale moved
 
     def record_step(
         self, tree: Tree, path: list[int], budget: int, overhead_seconds: float, forward_seconds: float | None = None
@@ -398,7 +402,7 @@ class AdaptiveBudget:
         path_ranks = np.maximum.accumulate(ranks[path[1:]].numpy()) if len(path) > 1 else np.zeros(0, np.int64)
         self.history.append(StepRecord(budget, path_ranks, overhead_seconds))
         self._record_forward("verify", len(tree), forward_seconds)
-        self._best = None
+        self._estimates = None
         self.plain_run = 0
 
     def record_plain_step(self, forward_seconds: float | None = None) -> None:
@@ -495,4 +499,4 @@ class PolicyChoice:
 
     def _timings_moved(self) -> None:
         for controller in self.controllers:  # the shared verify scale moved: every policy's estimate is stale
-            controller._best = None
+            controller._estimates = None
