@@ -148,6 +148,8 @@ def main() -> None:
     parser.add_argument("--sampled-minutes", type=float, default=0,
                         help=f"self-distil replies sampled at T={SAMPLED_TEMPERATURE} to the open-ended and news "
                         "prompts for this long first (resumable)")
+    parser.add_argument("--sampled-weight", type=int, default=3,
+                        help="how many times over training sees the sampled replies (the benchmark-like ones: 3)")
     parser.add_argument("--max-steps", type=int, default=1500)
     parser.add_argument("--eval-steps", type=int, default=250, help="evaluate and checkpoint this often")
     parser.add_argument("--init-draft", default=None, help="warm-start from this draft")
@@ -190,7 +192,7 @@ def main() -> None:
     if sampled.exists():  # no held-out part: its prompts are all in the training split of the greedy replies
         lines = [line for line in sampled.read_text().strip().split("\n") if fits(line)]
         (DATA / "train_sampled.jsonl").write_text("\n".join(lines) + "\n")
-        train_files += [str(DATA / "train_sampled.jsonl")] * 3
+        train_files += [str(DATA / "train_sampled.jsonl")] * args.sampled_weight
     config = {
         # the benchmark-like replies three times over: about half of what training sees
         "target": "smollm2-135m-instruct",
