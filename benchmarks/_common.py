@@ -24,12 +24,15 @@ def report(results: dict, out: Path | None) -> None:
         write_atomically(out, lambda temporary: Path(temporary).write_text(json.dumps(results, indent=2) + "\n"))
 
 
-def interleaved_speedups(target, tokenizer, drafts: dict, prompts_per_set: int, max_new_tokens: int = 32) -> dict:
+def interleaved_speedups(
+    target, tokenizer, drafts: dict, prompts_per_set: int, max_new_tokens: int = 32, sets: list[str] | None = None
+) -> dict:
     """Vanilla greedy `generate` and each draft of `drafts` (name -> bound `DartDraftModel`, each with its own
     controller state) over the benchmark sets, interleaved prompt by prompt with the order reversed on every other
     prompt, after an untimed warm-up; every DART output is checked against vanilla's. Prints and returns, per set
     and overall, each draft's total-time speedup over vanilla, tau, share of plain steps and alpha_1 (untimed:
-    its teacher-forced agreement with vanilla's greedy output at the first drafted position)."""
+    its teacher-forced agreement with vanilla's greedy output at the first drafted position). sets: the benchmark
+    sets to run, in the bench's order (default all)."""
     options = {"max_new_tokens": max_new_tokens, "do_sample": False}
     runs = {
         "vanilla": lambda inputs: target.generate(**inputs, **options),
@@ -43,7 +46,7 @@ def interleaved_speedups(target, tokenizer, drafts: dict, prompts_per_set: int, 
 
     results, overall = {}, dict.fromkeys(runs, 0.0)
     all_hits, all_rows = dict.fromkeys(drafts, 0), dict.fromkeys(drafts, 0)
-    for prompt_set in BENCHMARK_SETS:
+    for prompt_set in [name for name in BENCHMARK_SETS if sets is None or name in sets]:
         seconds = dict.fromkeys(runs, 0.0)
         plain, steps, committed, verified, hits, rows = (dict.fromkeys(drafts, 0) for _ in range(6))
         for index, prompt in enumerate(load_prompts(prompt_set, prompts_per_set)):

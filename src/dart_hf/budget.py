@@ -50,8 +50,9 @@ from .verify import forward_tree
 
 # bumped when what `forward_tree` runs changes, so that costs cached on disk by an older version are re-measured
 # (2: the feature layers read by dart_hf.features' hooks instead of `output_hidden_states`; the fastest run kept;
-# 3: each size's fastest run as measured, no longer raised to the largest cost of any smaller size)
-CALIBRATION_METHOD = 3
+# 3: each size's fastest run as measured, no longer raised to the largest cost of any smaller size; 4: on a CPU the
+# tree's sdpa attention reads grouped key/value heads in place, `dart_hf.attention`)
+CALIBRATION_METHOD = 4
 CANDIDATE_BUDGETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 

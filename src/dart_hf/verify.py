@@ -12,6 +12,7 @@ from transformers import LogitsProcessorList, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
 
 from . import kernels
+from .attention import grouped_query_sdpa
 from .features import forward_with_features
 from .tree import Tree
 
@@ -36,15 +37,16 @@ def forward_tree(
         attention = {"dart_tree": kernels.TreeAttentionMetadata.from_parents(tree.parents.to(device), past_len)}
     else:
         attention = {"attention_mask": tree_attention_mask(tree, past_len, target.dtype, device)}
-    outputs, features = forward_with_features(
-        target,
-        feature_layers,
-        input_ids=tree.tokens.to(device).unsqueeze(0),
-        position_ids=(tree.depths.to(device) + past_len).unsqueeze(0),
-        cache=cache,
-        use_cache=True,
-        **attention,
-    )
+    with grouped_query_sdpa(target):  # on a CPU, sdpa without copying the cache per query head
+        outputs, features = forward_with_features(
+            target,
+            feature_layers,
+            input_ids=tree.tokens.to(device).unsqueeze(0),
+            position_ids=(tree.depths.to(device) + past_len).unsqueeze(0),
+            cache=cache,
+            use_cache=True,
+            **attention,
+        )
     return outputs.logits[0], features[0]
 
 
