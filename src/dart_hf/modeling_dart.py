@@ -90,7 +90,11 @@ class DartAttention(nn.Module):
             output = flex_attention_fn()(
                 query, key, value, block_mask=attention_mask, scale=self.scaling, enable_gqa=True
             )
-        else:
+        elif query.device.type == "cpu":  # sdpa's CPU kernel reads grouped key/value heads in place (dart_hf.attention)
+            output = F.scaled_dot_product_attention(
+                query, key, value, attn_mask=attention_mask, scale=self.scaling, enable_gqa=True
+            )
+        else:  # elsewhere sdpa with a mask and grouped heads falls back to its math kernel: copy them per query head
             key = repeat_kv(key, self.num_key_value_groups)
             value = repeat_kv(value, self.num_key_value_groups)
             output = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=self.scaling)
