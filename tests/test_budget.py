@@ -327,7 +327,7 @@ def test_calibration_measures_once_and_is_cached_on_disk(tmp_path, monkeypatch):
 def test_calibration_keeps_a_size_that_measures_cheaper_than_a_smaller_one(tmp_path, monkeypatch):
     # as a 2-core CPU's float32 matmuls do: 3 nodes slower than 4 or 5 (146 ms against 116-122 ms)
     monkeypatch.setattr(budget_module, "cost_cache_dir", lambda: tmp_path)
-    seconds_by_nodes = {1: 0.077, 2: 0.129, 3: 0.146, 4: 0.116, 5: 0.122, 7: 0.153, 9: 0.125}
+    seconds_by_nodes = {1: 0.077, 2: 0.129, 3: 0.146, 4: 0.116, 5: 0.122, 6: 0.140, 7: 0.153, 8: 0.120, 9: 0.125}
     clock = [0.0]
     real_forward = budget_module.forward_tree
 
@@ -416,3 +416,45 @@ def test_a_good_draft_with_flat_costs_never_falls_back():
     assert torch.equal(target.generate(prompt, max_new_tokens=64, do_sample=False, assistant_model=draft), expected)
     assert draft.stats.plain_steps == 0 and draft.stats.tau == 6
     assert draft.stats.chosen_budget is not None
+
+
+def test_forwards_are_padded_to_a_cheaper_measured_size_up_to_max_rows():
+    """This CPU's shape: 2-4 rows cost more than 5, 9 more than 13."""
+    measured = ([1, 2, 3, 4, 5, 9, 13], [1.0, 1.7, 2.1, 1.45, 1.37, 1.85, 1.7])
+    costs = ForwardCosts(*measured, max_rows=9)
+    assert [costs.rows(n) for n in range(1, 6)] == [1, 5, 5, 5, 5]
+    assert costs(3) == costs.measured(5) == 1.37 and costs.measured(3) == 2.1
+    assert costs.rows(6) == 6  # 1.49 interpolated: 9 nodes are dearer, 13 lie beyond max_rows
+    assert costs.rows(9) == 9 and costs.rows(40) == 40
+    assert ForwardCosts(*measured, max_rows=13).rows(9) == 13
+    unpadded = ForwardCosts(*measured)
+    assert unpadded.rows(3) == 3 and unpadded(3) == 2.1
+    # where every size costs about the same (a GPU), calibration noise pads nothing
+    assert ForwardCosts([1, 5, 61], [1.0, 1.02, 1.0], max_rows=61).rows(5) == 5
+
+
+def test_padded_forwards_are_lossless_end_to_end(monkeypatch):
+    """Costs under which trees and lookup chains of 2-4 nodes run padded to 5 rows: greedy output as vanilla's."""
+    import dart_hf.generation as generation
+    from dart_hf.verify import forward_tree
+
+    target = tiny_target("llama", seed=8)  # random models fall into loops: context lookup engages
+    draft = OracleDraft.from_target(target)
+    force_costs(draft, target, ForwardCosts([1, 2, 3, 4, 5, 65], [0.010, 0.020, 0.020, 0.020, 0.011, 0.08]))
+    forwards = []  # (nodes, rows) of every verify forward
+
+    def recording_forward_tree(model, tree, cache, feature_layers, rows=None):
+        forwards.append((len(tree), rows))
+        return forward_tree(model, tree, cache, feature_layers, rows)
+
+    monkeypatch.setattr(generation, "forward_tree", recording_forward_tree)
+    for correct_levels, prompt in zip((1, 2, 3), prompts(3, seed=9)):
+        draft.set_reference(target.generate(prompt, max_new_tokens=72, do_sample=False), correct_levels)
+        expected = target.generate(prompt, max_new_tokens=64, do_sample=False)
+        got = target.generate(
+            prompt, max_new_tokens=64, do_sample=False, assistant_model=draft, tree_options={"budget": 3}
+        )
+        assert torch.equal(got, expected)
+    assert any(nodes < 5 and rows == 5 for nodes, rows in forwards)
+    assert all(rows == 5 for nodes, rows in forwards if nodes < 5)
+    assert all(rows == nodes for nodes, rows in forwards if nodes >= 5)

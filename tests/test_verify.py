@@ -93,3 +93,25 @@ def test_greedy_acceptance_walks_the_matching_branch():
     logits[0, 6] = logits[2, 7] = logits[3, 9] = logits[1, 3] = 1.0
     result = accept(tree, logits, torch.tensor([[1]]), LogitsProcessorList())
     assert result.path == [0, 2, 3] and result.tokens == [6, 7, 9]
+
+
+def test_padding_rows_change_neither_the_nodes_outputs_nor_the_compacted_cache():
+    """A forward padded to more rows (where a larger matmul is faster) gives the nodes the same logits and
+    features, and after compaction the cache holds exactly what the unpadded forward's does."""
+    generator = torch.Generator().manual_seed(3)
+    target = tiny_target("llama", seed=3)
+    tree = random_tree(4, generator)
+    cache = prefilled(target, torch.randint(0, 128, (1, 12), generator=generator))
+    padded_cache = copy.deepcopy(cache)
+    logits, features = forward_tree(target, tree, cache, FEATURE_LAYERS)
+    padded_logits, padded_features = forward_tree(target, tree, padded_cache, FEATURE_LAYERS, rows=9)
+    assert padded_logits.shape == logits.shape and padded_features.shape == features.shape
+    torch.testing.assert_close(padded_logits, logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(padded_features, features, rtol=0, atol=1e-5)
+    assert padded_cache.get_seq_length() == 12 + 9
+    path = tree.path_to(len(tree) - 1)
+    compact_cache(cache, 12, path)
+    compact_cache(padded_cache, 12, path)
+    for layer, padded_layer in zip(cache.layers, padded_cache.layers):
+        torch.testing.assert_close(padded_layer.keys, layer.keys, rtol=0, atol=1e-5)
+        torch.testing.assert_close(padded_layer.values, layer.values, rtol=0, atol=1e-5)

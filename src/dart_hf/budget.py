@@ -51,25 +51,55 @@ from .verify import forward_tree
 # bumped when what `forward_tree` runs changes, so that costs cached on disk by an older version are re-measured
 # (2: the feature layers read by dart_hf.features' hooks instead of `output_hidden_states`; the fastest run kept;
 # 3: each size's fastest run as measured, no longer raised to the largest cost of any smaller size; 4: on a CPU the
-# tree's sdpa attention reads grouped key/value heads in place, `dart_hf.attention`)
+# tree's sdpa attention reads grouped key/value heads in place, `dart_hf.attention`, and every size up to 17 nodes)
 CALIBRATION_METHOD = 4
 CANDIDATE_BUDGETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+# calibrated at every size up to this many nodes (context-lookup chains take any length; on a CPU neighbouring
+# sizes differ by up to 40%, so interpolation between sparse sizes misprices them), then at the budgets' sizes
+EVERY_SIZE_UP_TO = 17
 
 
 @dataclass
 class ForwardCosts:
     """Seconds of one target forward over n tree nodes (root included), measured at `node_counts`; linear in
-    between and beyond."""
+    between and beyond.
+
+    max_rows > 0 lets a forward run with more rows than it has nodes (`rows`): on this project's 2-core CPU,
+    float32 matmuls of 2, 3 or 7 rows are slower than of 4, 5 or 13, so a forward of 3 nodes padded to 5 rows
+    costs less than one of 3. Calling the costs then gives the cost of the padded forward."""
 
     node_counts: list[int]
     seconds: list[float]
+    max_rows: int = 0
+
+    def __post_init__(self):
+        self._rows = [self._cheapest_rows(nodes) for nodes in range(self.max_rows + 1)]  # looked up every step
 
     def __call__(self, nodes: int) -> float:
+        return self.measured(self.rows(nodes))
+
+    def measured(self, rows: int) -> float:
+        """Seconds of a forward over exactly `rows` rows."""
         counts, seconds = self.node_counts, self.seconds
-        if nodes > counts[-1] and len(counts) > 1:
+        if rows > counts[-1] and len(counts) > 1:
             slope = (seconds[-1] - seconds[-2]) / (counts[-1] - counts[-2])
-            return seconds[-1] + slope * (nodes - counts[-1])
-        return float(np.interp(nodes, counts, seconds))
+            return seconds[-1] + slope * (rows - counts[-1])
+        return float(np.interp(rows, counts, seconds))
+
+    def rows(self, nodes: int) -> int:
+        """The rows a forward over `nodes` nodes runs with: `nodes`, or up to `max_rows` where a measured size
+        is at least `PADDING_GAIN` cheaper (the cheapest such size)."""
+        return self._rows[nodes] if nodes <= self.max_rows else nodes
+
+    def _cheapest_rows(self, nodes: int) -> int:
+        own = self.measured(nodes)
+        larger = [m for m in self.node_counts if nodes < m <= self.max_rows and self.measured(m) <= PADDING_GAIN * own]
+        return min(larger, key=lambda m: (self.measured(m), m), default=nodes)
+
+
+# a forward is padded to a larger measured size only when that measured at most this share of its own cost: where
+# every size costs about the same (a GPU), calibration noise alone must not pad a 5-node tree to 61 rows
+PADDING_GAIN = 0.95
 
 
 def cost_cache_dir() -> Path:
@@ -103,7 +133,8 @@ def calibrate_forward_costs(
     key = f"{calibration_key(target)}|context={context_length}|method={CALIBRATION_METHOD}"
     path = cost_cache_dir() / "forward_costs.json"
     stored = json.loads(path.read_text()) if use_disk_cache and path.exists() else {}
-    node_counts = sorted({1, max_nodes} | {n + 1 for n in CANDIDATE_BUDGETS if n + 1 < max_nodes})
+    every_size = set(range(1, min(max_nodes, EVERY_SIZE_UP_TO) + 1))
+    node_counts = sorted({max_nodes} | every_size | {n + 1 for n in CANDIDATE_BUDGETS if n + 1 < max_nodes})
     if key in stored and stored[key]["node_counts"][-1] >= max_nodes:
         return ForwardCosts(stored[key]["node_counts"], stored[key]["seconds"])
 
@@ -445,6 +476,10 @@ class PolicyChoice:
     @property
     def lookup(self) -> LookupEvidence:
         return self.controllers[0].lookup
+
+    @property
+    def costs(self) -> ForwardCosts:
+        return self.controllers[0].costs  # the policies share them
 
     @property
     def plain_run(self) -> int:

@@ -10,6 +10,7 @@ processors, stopping criteria, cache):
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import time
 from collections import deque
@@ -215,7 +216,8 @@ def dart_generate(
         nonlocal stopped
         past_len = cache.get_seq_length()
         tick = time.perf_counter()
-        tree_logits, tree_features = forward_tree(model, tree, cache, feature_layers)
+        rows = controller.costs.rows(len(tree)) if controller is not None else None  # padded where that is faster
+        tree_logits, tree_features = forward_tree(model, tree, cache, feature_layers, rows)
         forward_done = time.perf_counter()
         acceptance = accept(tree, tree_logits, input_ids, logits_processor, generation_config.do_sample)
         compact_cache(cache, past_len, acceptance.path)
@@ -345,9 +347,11 @@ def adaptive_budget(
     timings = _shared(draft, "_dart_forward_timings", ForwardTimings)
     # probes are spaced over the decoding stream, not per call: a wait longer than one call's tokens still ends
     plain_run = getattr(draft, "_dart_plain_run", 0)
+    # forwards padded to a faster size never run more rows than the largest tree (`_check_sliding_window`'s bound)
+    costs = dataclasses.replace(memo[key], max_rows=max_nodes)
     controllers = [
         AdaptiveBudget(
-            memo[key], max_budget, _shared(draft, name, lambda: deque(maxlen=64)),  # acceptance varies by text
+            costs, max_budget, _shared(draft, name, lambda: deque(maxlen=64)),  # acceptance varies by text
             lookup=lookup, timings=timings, plain_run=plain_run,
         )
         for name, max_budget in zip(("_dart_acceptance_history", "_dart_second_policy_history"), max_budgets)

@@ -25,12 +25,20 @@ def tree_attention_mask(tree: Tree, past_len: int, dtype: torch.dtype, device: t
 
 @torch.no_grad()
 def forward_tree(
-    target: PreTrainedModel, tree: Tree, cache: Cache, feature_layers: list[int]
+    target: PreTrainedModel, tree: Tree, cache: Cache, feature_layers: list[int], rows: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the target once over all tree nodes, appending them to `cache`.
 
+    rows: run the forward with this many rows when it is more than the tree's N + 1 nodes (`ForwardCosts.rows`:
+    where a larger matmul is faster); the extra rows are children of the root that no node attends to, so the
+    nodes' outputs are unchanged, and `compact_cache` drops their cache entries with the rejected nodes'.
     Returns logits `[N + 1, V]` and features `[N + 1, 3H]` (the feature layers concatenated, in order).
     """
+    nodes = len(tree)
+    if rows is not None and rows > nodes:
+        tree = Tree.from_parents(
+            torch.cat([tree.tokens, tree.tokens[:1].expand(rows - nodes)]), tree.parents.tolist() + [0] * (rows - nodes)
+        )
     device = target.device
     past_len = cache.get_seq_length()
     if target.config._attn_implementation == "dart_tree":  # the tree travels as packed bits, no dense mask
@@ -47,7 +55,7 @@ def forward_tree(
             use_cache=True,
             **attention,
         )
-    return outputs.logits[0], features[0]
+    return outputs.logits[0, :nodes], features[0, :nodes]
 
 
 @dataclass
