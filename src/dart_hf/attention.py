@@ -2,16 +2,15 @@
 
 Transformers' "sdpa" attention, given a mask and more than one query row, copies every cached key and value once
 per query head of its group (`repeat_kv`) before calling sdpa. A one-token decoding step skips that copy, but a
-tree forward pays it in every layer, and it grows with the context: for SmolLM2-135M (9 query heads, 3 key/value
-heads) on a 2-core CPU, one layer's attention for 5 tree rows took 0.17 ms with the copy against 0.07 ms without
-at a 200-token context, and 2.3 ms against 0.2 ms at 1,000 tokens, i.e. about 60 ms of copying per tree forward
-over a news article, as much as a whole one-token forward. torch's sdpa takes grouped key/value heads itself
-(`enable_gqa=True`) and its CPU kernel reads them in place, mask included.
+tree forward pays it in every layer, more the longer the context: for SmolLM2-135M (9 query heads, 3 key/value
+heads) on a 2-core CPU a whole 5-node forward took 1.55 -> 1.43 one-token forwards without the copy at a 200-token
+context and 1.49 -> 1.32 at 1,000 tokens (`benchmarks/bench_tree_forward.py`). torch's sdpa takes grouped
+key/value heads itself (`enable_gqa=True`) and its CPU kernel reads them in place, mask included.
 
 `grouped_query_sdpa(target)` routes the attention of the forwards run inside it through that call instead, for a
-target on the CPU whose attention implementation is "sdpa". On CUDA, sdpa with a mask and `enable_gqa` falls back
-to its math kernel (Transformers copies for that reason), so there nothing changes; the Triton tree attention
-(`attn_implementation="dart_tree"`) is the path for GPUs.
+target whose attention implementation is "sdpa" on a device where `reads_grouped_heads_in_place`. On CUDA, sdpa
+with a mask and `enable_gqa` falls back to its math kernel (Transformers copies for that reason), so there nothing
+changes; the Triton tree attention (`attn_implementation="dart_tree"`) is the path for GPUs.
 """
 
 from __future__ import annotations
@@ -25,6 +24,12 @@ from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 GROUPED_QUERY_SDPA = "dart_grouped_query_sdpa"
+
+
+def reads_grouped_heads_in_place(device: torch.device) -> bool:
+    """Whether masked sdpa with `enable_gqa` beats copying the key/value heads per query head on `device`: on a
+    CPU, yes; on CUDA it would fall back to the math kernel."""
+    return device.type == "cpu"
 
 
 def grouped_query_sdpa_attention(
@@ -69,10 +74,11 @@ def register() -> None:
 
 @contextmanager
 def grouped_query_sdpa(target: PreTrainedModel) -> Iterator[None]:
-    """Within this block, the forwards of a CPU `target` whose configs name "sdpa" attend through
-    `grouped_query_sdpa_attention`; every config gets its own implementation back on exit, also on an error."""
+    """Within this block, the forwards of a `target` whose configs name "sdpa" attend through
+    `grouped_query_sdpa_attention` (where `reads_grouped_heads_in_place`); every config gets its own implementation
+    back on exit, also on an error."""
     configs = [config for config in _configs(target.config) if config._attn_implementation == "sdpa"]
-    if target.device.type != "cpu" or not configs:
+    if not reads_grouped_heads_in_place(target.device) or not configs:
         yield
         return
     for config in configs:

@@ -92,9 +92,9 @@ class ForwardCosts:
         return self._rows[nodes] if nodes <= self.max_rows else nodes
 
     def _cheapest_rows(self, nodes: int) -> int:
-        own = self.measured(nodes)
-        larger = [m for m in self.node_counts if nodes < m <= self.max_rows and self.measured(m) <= PADDING_GAIN * own]
-        return min(larger, key=lambda m: (self.measured(m), m), default=nodes)
+        counts, seconds = np.asarray(self.node_counts), np.asarray(self.seconds)  # a measured size costs as measured
+        cheaper = (counts > nodes) & (counts <= self.max_rows) & (seconds <= PADDING_GAIN * self.measured(nodes))
+        return int(counts[cheaper][seconds[cheaper].argmin()]) if cheaper.any() else nodes  # ties: the fewest rows
 
 
 # a forward is padded to a larger measured size only when that measured at most this share of its own cost: where

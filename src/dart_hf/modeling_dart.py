@@ -26,6 +26,7 @@ from transformers.models.llama.modeling_llama import (
 from transformers.utils import ModelOutput
 from transformers.utils.hub import cached_file
 
+from .attention import reads_grouped_heads_in_place
 from .configuration_dart import DartConfig
 from .ngram import NGRAM_FILENAME, NgramTable
 
@@ -90,11 +91,11 @@ class DartAttention(nn.Module):
             output = flex_attention_fn()(
                 query, key, value, block_mask=attention_mask, scale=self.scaling, enable_gqa=True
             )
-        elif query.device.type == "cpu":  # sdpa's CPU kernel reads grouped key/value heads in place (dart_hf.attention)
+        elif reads_grouped_heads_in_place(query.device):
             output = F.scaled_dot_product_attention(
                 query, key, value, attn_mask=attention_mask, scale=self.scaling, enable_gqa=True
             )
-        else:  # elsewhere sdpa with a mask and grouped heads falls back to its math kernel: copy them per query head
+        else:
             key = repeat_kv(key, self.num_key_value_groups)
             value = repeat_kv(value, self.num_key_value_groups)
             output = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=self.scaling)
