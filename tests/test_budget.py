@@ -433,6 +433,52 @@ def test_forwards_are_padded_to_a_cheaper_measured_size_up_to_max_rows():
     assert ForwardCosts([1, 5, 61], [1.0, 1.02, 1.0], max_rows=61).rows(5) == 5
 
 
+def test_budgets_grow_to_fill_the_rows_their_forward_is_padded_to():
+    """2-4 rows cost more than 5: budgets 1-4 become 4, a tree of 5 nodes; 7 and 9 nodes run unpadded."""
+    measured = ([1, 2, 3, 4, 5, 9, 13], [1.0, 1.7, 2.1, 1.45, 1.37, 1.85, 1.7])
+    controller = AdaptiveBudget(ForwardCosts(*measured, max_rows=9), 8, history_of([(8, [1, 2])] * 8))
+    assert controller.budgets == [4, 6, 8]
+    assert controller.filled(2) == 4 and controller.filled(6) == 6
+    # a budget is never grown past the largest tree: 9 nodes would run as 13 rows, but the largest budget is 8
+    capped = AdaptiveBudget(ForwardCosts(*measured, max_rows=13), 8, deque())
+    assert capped.filled(8) == 8 and capped.budgets == [4, 6, 8]
+    # exploring twice the chosen budget fills too
+    explorer = AdaptiveBudget(ForwardCosts(*measured, max_rows=9), 8, history_of([(8, [1])] * 8), explore_every=1)
+    assert explorer.next_budget() in explorer.budgets
+    # unpadded costs leave the candidate budgets as they are
+    assert AdaptiveBudget(ForwardCosts(*measured), 8, deque()).budgets == [1, 2, 3, 4, 6, 8]
+
+
+def test_filled_budgets_are_lossless_end_to_end(monkeypatch):
+    """Costs under which trees of 2-4 nodes would run padded to 5 rows: the drafted trees are built with budget 4
+    instead (no tree runs fewer nodes than 5 but for lookup chains), and the greedy output is vanilla's."""
+    import dart_hf.generation as generation
+    from dart_hf.verify import forward_tree
+
+    target = tiny_target("llama", seed=8)
+    draft = OracleDraft.from_target(target)
+    force_costs(draft, target, ForwardCosts([1, 2, 3, 4, 5, 65], [0.010, 0.020, 0.020, 0.020, 0.011, 0.08]))
+    trees = []  # node count of every drafted tree's forward
+
+    def recording_forward_tree(model, tree, cache, feature_layers, rows=None):
+        trees.append(len(tree))
+        return forward_tree(model, tree, cache, feature_layers, rows)
+
+    monkeypatch.setattr(generation, "forward_tree", recording_forward_tree)
+    budgets = []
+    for correct_levels, prompt in zip((1, 2, 3), prompts(3, seed=9)):
+        draft.set_reference(target.generate(prompt, max_new_tokens=72, do_sample=False), correct_levels)
+        expected = target.generate(prompt, max_new_tokens=64, do_sample=False)
+        got = target.generate(
+            prompt, max_new_tokens=64, do_sample=False, assistant_model=draft,
+            tree_options={"budget": 8, "lookup_length": 0},
+        )
+        assert torch.equal(got, expected)
+        budgets += draft.stats.budgets
+    assert budgets and min(budgets) >= 4 and 4 in budgets
+    assert min(trees) >= 5
+
+
 def test_padded_forwards_are_lossless_end_to_end(monkeypatch):
     """Costs under which trees and lookup chains of 2-4 nodes run padded to 5 rows: greedy output as vanilla's."""
     import dart_hf.generation as generation

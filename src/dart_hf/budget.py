@@ -18,7 +18,9 @@ budget m. Plain decoding commits one token per f(1). So:
   evidence follows a change of text quickly), one that loses badly rarely. A probe is at least `first_budget`'s
   tree, so that it refreshes the evidence of every budget that could pay. Every `explore_every` steps it tries
   twice the chosen budget, which is how larger budgets get evidence. With no evidence at all it starts with the
-  largest tree that costs at most twice one token (`first_budget`).
+  largest tree that costs at most twice one token (`first_budget`). Where a forward runs padded to a faster
+  size (`ForwardCosts.rows`: on a CPU 3 nodes cost more than 4), the budgets grow to fill the padded rows with
+  nodes (`AdaptiveBudget.filled`).
 - Context lookup (`dart_hf.lookup`) chains are scored on every step for free, so `lookup_choice` needs no probes:
   of a step's candidate chains it verifies the prefix of length k with the lowest (o_lookup + f(k + 1)) /
   tau_lookup(k) when that beats both plain decoding and the drafted tree; tau_lookup is measured per kind of
@@ -291,11 +293,17 @@ class AdaptiveBudget:
         self.plain_run = plain_run  # plain steps since the last tree, carried across calls by the caller
         self._estimates = None  # cached_estimate() until the next record_step
         self.steps = 0
-        self.budgets = [b for b in CANDIDATE_BUDGETS if b < max_budget] + [max_budget]
+        self.budgets = sorted({self.filled(b) for b in CANDIDATE_BUDGETS if b < max_budget} | {max_budget})
         self.lookup = lookup if lookup is not None else LookupEvidence()
         self.timings = timings if timings is not None else ForwardTimings()
 
     arm = 0  # the index of the tree policy a step drafts with: one policy (`PolicyChoice` weighs several)
+
+    def filled(self, budget: int) -> int:
+        """`budget`, grown to fill the rows that its tree's forward would be padded to (`ForwardCosts.rows`) where
+        that stays within `max_budget`: the same forward, with nodes that may be accepted instead of pad rows."""
+        grown = self.costs.rows(budget + 1) - 1
+        return grown if grown <= self.max_budget else budget
 
     def plain_cost(self) -> float:
         """Expected seconds of one plain decoding step's forward."""
@@ -383,7 +391,7 @@ class AdaptiveBudget:
             return 0
         self.steps += 1
         if self.steps % self.explore_every == 0 and budget < self.max_budget:
-            return min(2 * budget, self.max_budget)
+            return self.filled(min(2 * budget, self.max_budget))
         return budget
 
     def lookup_estimate(self, kind: Hashable, available: int) -> tuple[float, int]:
