@@ -177,6 +177,10 @@ def test_lookup_length_follows_costs_and_matches():
     # every other continuation held 2 tokens, the rest none: the third token is never worth its cost
     half = lookup_evidence({2: [2, 0] * 4})
     assert AdaptiveBudget(MODERATE, 60, deque(), lookup=half).lookup_length(2, 10) == 2
+    # ... unless its forward runs padded to 5 rows anyway: the chain fills them, as far as the continuation goes
+    padded = ForwardCosts([1, 2, 3, 4, 5, 65], [0.010, 0.020, 0.020, 0.020, 0.011, 0.08], max_rows=16)
+    assert AdaptiveBudget(padded, 60, deque(), lookup=half).lookup_length(2, 10) == 4
+    assert AdaptiveBudget(padded, 60, deque(), lookup=half).lookup_length(2, 3) == 3
 
 
 def test_lookup_evidence_fades_after_a_change_of_text():

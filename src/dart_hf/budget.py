@@ -395,9 +395,9 @@ class AdaptiveBudget:
         return budget
 
     def lookup_estimate(self, kind: Hashable, available: int) -> tuple[float, int]:
-        """(lowest estimated seconds per token, the chain length that gets it) for verifying a context-lookup
-        continuation of `kind` (its key in the lookup evidence) with `available` tokens; (inf, 0) without a
-        continuation or enough evidence."""
+        """(lowest estimated seconds per token, the chain length that gets it, grown into the rows its forward
+        is padded to) for verifying a context-lookup continuation of `kind` (its key in the lookup evidence) with
+        `available` tokens; (inf, 0) without a continuation or enough evidence."""
         matched, weights = self.lookup.evidence(kind, self.min_evidence)
         if not available or weights.sum() < self.min_evidence:
             return math.inf, 0
@@ -406,7 +406,9 @@ class AdaptiveBudget:
         overhead = float(np.mean(self.lookup.overheads)) if self.lookup.overheads else 0.0
         seconds_per_token = (overhead + self.verify_costs(lengths + 1)) / taus
         best = int(seconds_per_token.argmin())
-        return float(seconds_per_token[best]), int(lengths[best])
+        # the chain's forward padded to a faster size verifies more of the continuation in those rows, for free
+        length = min(self.costs.rows(int(lengths[best]) + 1) - 1, available)
+        return float(seconds_per_token[best]), length
 
     def lookup_choice(self, candidates: list[tuple[Hashable, int]]) -> tuple[int, int]:
         """Which context-lookup continuation to verify this step, and how many of its tokens: (index into
