@@ -48,22 +48,22 @@ DRAFT_NAME = "smollm2-135m-instruct-dart"
 MAX_LENGTH = 1024  # training sequences are cut here
 RESULTS = """Measured with `dart-hf bench --draft smollm2-135m-instruct-dart --prompts-per-set 20 --methods
 vanilla prompt_lookup dart_no_lookup dart` on a 2-core x86 CPU: greedy, float32, 20 prompts per set, 32 new
-tokens, every method interleaved prompt by prompt after an untimed warm-up (25 minutes; vanilla ran at 12.4
+tokens, every method interleaved prompt by prompt after an untimed warm-up (25 minutes; vanilla ran at 12.2
 tokens/s). Speedup is the total-time ratio over vanilla float32 `generate`, with its 95% bootstrap interval over
 the prompts; tau is tokens committed per verification (a drafted tree or a context-lookup chain); "plain" and
 "lookup" are the shares of steps that decoded without drafting and that verified a chain copied from earlier in
 the text. `dart_no_lookup` is the drafted trees alone. All 280 DART outputs were identical to vanilla's. The
-adaptive budget chose 4-node trees on most sets: on that CPU's calibration a 4-node forward cost 1.40x a
-one-token one, a 5-node one 1.54x and a 3-node one 2.03x (costs used as measured; a forward is padded to a
-larger size where that measured cheaper). A run of the same version earlier that day read 1.20x overall
-(MT-Bench 1.05x); the version before read 1.25x on another machine.
+adaptive budget chose trees of 4 to 16 nodes: on that CPU's calibration a 4-node forward cost 1.40x a one-token
+one, an 8-node one 1.53x, a 16-node one 1.66x and a 3-node one 2.03x (costs used as measured; where a larger
+size measured cheaper, the tree grows to it). The version before read 1.20x and 1.22x overall on the same
+machine that day.
 
 """
 SAMPLED_RESULTS = """
 
-Sampling at T=1, measured with the version before (Transformers' sdpa in the tree forward, no padding; `dart-hf
-bench --draft smollm2-135m-instruct-dart --sample --prompts-per-set 20 --methods vanilla dart_drawn_only dart`, the same seed before every method, speedups in seconds per new token, 17
-minutes; vanilla ran at 12.0 tokens/s): `dart_drawn_only` drafts chains of tokens drawn from the draft
+Sampling at T=1 (`dart-hf bench --draft smollm2-135m-instruct-dart --sample --prompts-per-set 20 --methods
+vanilla dart_drawn_only dart`, the same seed before every method, speedups in seconds per new token, 17 minutes;
+vanilla ran at 11.8 tokens/s): `dart_drawn_only` drafts chains of tokens drawn from the draft
 (`tree_sample_drafts` 0.7); `dart`, what this draft runs when sampling, also weighs DART's deterministic tree
 each step (`tree_compare_policies`), which it does on that CPU because a 17-node tree costs under two one-token
 forwards there.
@@ -139,12 +139,12 @@ LIMITATIONS = """- Trained on a 2-core CPU with 4,920 general self-distilled rep
   and Alpaca-style instructions), 6,127 replies to benchmark-like and open-ended prompts and 720 sampled replies
   to open-ended prompts: its agreement with the target (alpha_1 46% on the benchmark texts, 31-42% on news
   summaries, code completion and MT-Bench) is far below the paper's drafts (about 75%). Its drafted trees alone
-  run at 1.06-1.08x plain decoding's speed on that CPU overall (0.94x on MT-Bench and 0.95x on CNN/DailyMail in
-  one run, 1.37x on MBPP); DART's gain comes in good part from context lookup, which the adaptive budget verifies
-  instead of a tree when its measured acceptance pays (HumanEval 1.83x), not the paper's 2-3x. On chat text it
-  is at break-even: MT-Bench 0.97x [0.92-1.03] in one greedy run, 1.05x in another. At T=1 it read 1.12x
-  overall and parity on chat and news (0.98x on MT-Bench, AlpacaEval and CNN/DailyMail, decoding plainly on
-  63-85% of the steps).
+  run at 1.14x plain decoding's speed on that CPU overall (0.98x on MT-Bench, 1.00x on CNN/DailyMail, 1.39x on
+  MATH-500); DART's gain comes in good part from context lookup, which the adaptive budget verifies instead of a
+  tree when its measured acceptance pays (HumanEval 2.00x), not the paper's 2-3x. On chat text it is at
+  break-even: MT-Bench 1.02x [0.95-1.09] greedy in this run, 0.97x and 1.05x in two runs of the version before.
+  At T=1 it read 1.10x overall and parity on chat (MT-Bench 0.96x [0.92-1.03], AlpacaEval 0.98x [0.93-1.03],
+  decoding plainly on about 80-90% of the steps).
 """
 
 
