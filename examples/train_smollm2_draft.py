@@ -143,8 +143,8 @@ LIMITATIONS = """- Trained on a 2-core CPU with 4,920 general self-distilled rep
   MATH-500); DART's gain comes in good part from context lookup, which the adaptive budget verifies instead of a
   tree when its measured acceptance pays (HumanEval 2.00x), not the paper's 2-3x. On chat text it is at
   break-even: MT-Bench 1.02x [0.95-1.09] greedy in this run, 0.97x and 1.05x in two runs of the version before.
-  At T=1 it read 1.10x overall and parity on chat (MT-Bench 0.96x [0.92-1.03], AlpacaEval 0.98x [0.93-1.03],
-  decoding plainly on about 80-90% of the steps).
+  At T=1 it read 1.10x overall and parity on chat, decoding plainly on about 80-90% of the steps there; at 60
+  prompts per set AlpacaEval read 0.97x [0.95-0.99] at T=1, slower than vanilla by about what the probes cost.
 """
 
 
