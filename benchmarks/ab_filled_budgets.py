@@ -17,7 +17,7 @@ from pathlib import Path
 from _common import interleaved_speedups, report
 
 from dart_hf import generation
-from dart_hf.budget import CANDIDATE_BUDGETS
+from dart_hf.budget import candidate_budgets
 from dart_hf.zoo import load_draft, load_target
 
 
@@ -35,7 +35,7 @@ def main() -> None:
         if draft is drafts["padded"]:
             for budget in getattr(controller, "controllers", [controller]):
                 budget.filled = lambda b: b
-                budget.budgets = [b for b in CANDIDATE_BUDGETS if b < budget.max_budget] + [budget.max_budget]
+                budget.budgets = candidate_budgets(budget.max_budget)
         return controller
 
     generation.adaptive_budget = adaptive_budget

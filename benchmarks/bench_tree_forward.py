@@ -31,7 +31,7 @@ PADDING_CASES = [
 
 
 def chain(nodes: int, vocab_size: int) -> Tree:
-    return Tree.from_parents(torch.randint(0, vocab_size, (nodes,)), [-1] + list(range(nodes - 1)))
+    return Tree.chain(torch.randint(0, vocab_size, (nodes,)))
 
 
 def median_seconds(target, cache, cases: dict, rounds: int) -> dict:

@@ -56,9 +56,15 @@ from .verify import forward_tree
 # tree's sdpa attention reads grouped key/value heads in place, `dart_hf.attention`, and every size up to 17 nodes)
 CALIBRATION_METHOD = 4
 CANDIDATE_BUDGETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+
 # calibrated at every size up to this many nodes (context-lookup chains take any length; on a CPU neighbouring
 # sizes differ by up to 40%, so interpolation between sparse sizes misprices them), then at the budgets' sizes
 EVERY_SIZE_UP_TO = 17
+
+
+def candidate_budgets(max_budget: int) -> list[int]:
+    """The budgets a controller weighs for trees of at most `max_budget` nodes below the root, before filling."""
+    return [b for b in CANDIDATE_BUDGETS if b < max_budget] + [max_budget]
 
 
 @dataclass
@@ -293,7 +299,7 @@ class AdaptiveBudget:
         self.plain_run = plain_run  # plain steps since the last tree, carried across calls by the caller
         self._estimates = None  # cached_estimate() until the next record_step
         self.steps = 0
-        self.budgets = sorted({self.filled(b) for b in CANDIDATE_BUDGETS if b < max_budget} | {max_budget})
+        self.budgets = sorted({self.filled(b) for b in candidate_budgets(max_budget)})
         self.lookup = lookup if lookup is not None else LookupEvidence()
         self.timings = timings if timings is not None else ForwardTimings()
 

@@ -245,7 +245,7 @@ def dart_generate(
             if length:  # verify the chosen continuation's first `length` tokens as a chain, without drafting
                 tick = time.perf_counter()
                 chain = [int(context[-1])] + candidates[chosen][1][:length].tolist()
-                _, forward_seconds, accept_seconds = verify(Tree.from_parents(chain, list(range(-1, length))))
+                _, forward_seconds, accept_seconds = verify(Tree.chain(chain))
                 stats.lookup_steps += 1
                 stats.lookup_time += time.perf_counter() - tick
                 controller.record_lookup_step(accept_seconds, length + 1, forward_seconds)

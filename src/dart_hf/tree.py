@@ -49,6 +49,11 @@ class Tree:
             depths[node] = depths[parent] + 1
         return cls(tokens, torch.tensor(parent_list, dtype=torch.long), torch.tensor(depths, dtype=torch.long))
 
+    @classmethod
+    def chain(cls, tokens: torch.Tensor | list[int]) -> Tree:
+        """A tree with one node per level: `tokens[0]` is the root, each later token the child of the one before."""
+        return cls.from_parents(tokens, list(range(-1, len(tokens) - 1)))
+
     def __len__(self) -> int:
         return self.tokens.shape[0]
 
@@ -344,7 +349,7 @@ class SampledChainPolicy:
             proposal[target_ids[candidates]] = probs
             tokens.append(int(target_ids[drawn]))
             proposals[level + 1] = proposal
-        tree = Tree.from_parents(tokens, list(range(-1, num_levels)))
+        tree = Tree.chain(tokens)
         tree.ranks = torch.arange(num_levels + 1)
         tree.proposals = proposals
         return tree
