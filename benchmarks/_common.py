@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dart_hf.bench import BENCHMARK_SETS, chat_inputs
+from dart_hf.bench import BENCHMARK_SETS, bootstrap_interval, chat_inputs, speedup
 from dart_hf.files import write_atomically
 from dart_hf.generation import swap_controller_state
 from dart_hf.prompts import load_prompts
@@ -25,15 +25,23 @@ def report(results: dict, out: Path | None) -> None:
 
 
 def interleaved_speedups(
-    target, tokenizer, drafts: dict, prompts_per_set: int, max_new_tokens: int = 32, sets: list[str] | None = None
+    target,
+    tokenizer,
+    drafts: dict,
+    prompts_per_set: int,
+    max_new_tokens: int = 32,
+    sets: list[str] | None = None,
+    do_sample: bool = False,
 ) -> dict:
     """Vanilla greedy `generate` and each draft of `drafts` (name -> bound `DartDraftModel`, each with its own
     controller state) over the benchmark sets, interleaved prompt by prompt with the order reversed on every other
     prompt, after an untimed warm-up; every DART output is checked against vanilla's. Prints and returns, per set
     and overall, each draft's total-time speedup over vanilla, tau, share of plain steps and alpha_1 (untimed:
-    its teacher-forced agreement with vanilla's greedy output at the first drafted position). sets: the benchmark
-    sets to run, in the bench's order (default all)."""
-    options = {"max_new_tokens": max_new_tokens, "do_sample": False}
+    its teacher-forced agreement with vanilla's greedy output at the first drafted position); the speedups are per
+    new token, with their 95% bootstrap intervals over the prompts (`dart_hf.bench`). sets: the benchmark
+    sets to run, in the bench's order (default all). do_sample: T=1 sampling instead, every run seeded with
+    `torch.manual_seed(0)` as the bench does; no output check and no alpha_1 (outputs differ by design)."""
+    options = {"max_new_tokens": max_new_tokens, "do_sample": do_sample}
     runs = {
         "vanilla": lambda inputs: target.generate(**inputs, **options),
         **{name: (lambda inputs, d=draft: target.generate(**inputs, **options, assistant_model=d))
@@ -44,18 +52,21 @@ def interleaved_speedups(
     for draft in drafts.values():
         swap_controller_state(draft, {})  # the warm-up's evidence is not the benchmark text's
 
-    results, overall = {}, dict.fromkeys(runs, 0.0)
+    results, all_seconds, all_tokens = {}, {name: [] for name in runs}, {name: [] for name in runs}
     all_hits, all_rows = dict.fromkeys(drafts, 0), dict.fromkeys(drafts, 0)
     for prompt_set in [name for name in BENCHMARK_SETS if sets is None or name in sets]:
-        seconds = dict.fromkeys(runs, 0.0)
+        seconds, tokens = {name: [] for name in runs}, {name: [] for name in runs}
         plain, steps, committed, verified, hits, rows = (dict.fromkeys(drafts, 0) for _ in range(6))
         for index, prompt in enumerate(load_prompts(prompt_set, prompts_per_set)):
             inputs = chat_inputs(tokenizer, prompt)
             outputs = {}
             for name in list(runs) if index % 2 == 0 else list(runs)[::-1]:
+                if do_sample:
+                    torch.manual_seed(0)
                 start = time.perf_counter()
                 outputs[name] = runs[name](inputs)
-                seconds[name] += time.perf_counter() - start
+                seconds[name].append(time.perf_counter() - start)
+                tokens[name].append(outputs[name].shape[1] - inputs["input_ids"].shape[1])
                 if name in drafts:
                     stats = drafts[name].stats
                     plain[name] += stats.plain_steps
@@ -63,31 +74,41 @@ def interleaved_speedups(
                     committed[name] += sum(stats.accepted_lengths)
                     verified[name] += stats.verify_steps
             prompt_length = inputs["input_ids"].shape[1]
-            for name, draft in drafts.items():
+            for name, draft in drafts.items() if not do_sample else ():
                 assert torch.equal(outputs[name], outputs["vanilla"]), f"{name} differs from vanilla on {prompt!r}"
                 depth_hits, depth_rows = greedy_agreement(draft, target, outputs["vanilla"], prompt_length)
                 hits[name] += int(depth_hits[0])
                 rows[name] += int(depth_rows[0])
         for name in runs:
-            overall[name] += seconds[name]
+            all_seconds[name] += seconds[name]
+            all_tokens[name] += tokens[name]
         for name in drafts:
             all_hits[name] += hits[name]
             all_rows[name] += rows[name]
         results[prompt_set] = {
-            name: {"speedup": seconds["vanilla"] / seconds[name], "tau": committed[name] / max(verified[name], 1),
+            name: {**_speedups(seconds, tokens, name), "tau": committed[name] / max(verified[name], 1),
                    "plain": plain[name] / max(steps[name], 1), "alpha_1": hits[name] / max(rows[name], 1)}
             for name in drafts
         }
         print(prompt_set, "  ".join(
-            f"{name} {r['speedup']:.3f}x (tau {r['tau']:.2f}, {r['plain']:.0%} plain, alpha_1 {r['alpha_1']:.1%})"
+            f"{name} {r['speedup']:.3f}x [{r['ci95'][0]:.2f}-{r['ci95'][1]:.2f}] (tau {r['tau']:.2f}, "
+            f"{r['plain']:.0%} plain, alpha_1 {r['alpha_1']:.1%})"
             for name, r in results[prompt_set].items()), flush=True)
     results["overall"] = {
-        name: {"speedup": overall["vanilla"] / overall[name], "alpha_1": all_hits[name] / max(all_rows[name], 1)}
+        name: {**_speedups(all_seconds, all_tokens, name), "alpha_1": all_hits[name] / max(all_rows[name], 1)}
         for name in drafts
     }
     print("overall", "  ".join(
-        f"{name} {r['speedup']:.3f}x (alpha_1 {r['alpha_1']:.1%})" for name, r in results["overall"].items()))
+        f"{name} {r['speedup']:.3f}x [{r['ci95'][0]:.2f}-{r['ci95'][1]:.2f}] (alpha_1 {r['alpha_1']:.1%})"
+        for name, r in results["overall"].items()))
     return results
+
+
+def _speedups(seconds: dict[str, list[float]], tokens: dict[str, list[int]], name: str) -> dict:
+    """`name`'s speedup per new token over vanilla and its 95% bootstrap interval, from per-prompt seconds and
+    new tokens."""
+    runs = (seconds["vanilla"], seconds[name], tokens["vanilla"], tokens[name])
+    return {"speedup": float(speedup(*runs)), "ci95": bootstrap_interval(*runs)}
 
 
 def vanilla_outputs(

@@ -78,6 +78,59 @@ def test_probes_wait_in_proportion_to_their_expected_loss():
     assert controller.next_budget() > 0  # drafting pays again: no plain steps in between
 
 
+def test_probes_back_off_while_they_lose_and_start_over_after_one_that_wins():
+    # a probe (first_budget's 8 drafted nodes, 18 ms) loses 8 ms against 10 ms per plain token: at a 30% share the
+    # first waits 3 plain steps, and every probe in a row that lost doubles the wait
+    controller = AdaptiveBudget(MODERATE, 60, history_of([(60, [])] * 8), probe_share=0.3)
+
+    def next_probe() -> tuple[int, int]:
+        plain_steps = 0
+        while (budget := controller.next_budget()) == 0:
+            controller.record_plain_step()
+            plain_steps += 1
+        return plain_steps, budget
+
+    waits = []
+    for _ in range(4):
+        wait, budget = next_probe()
+        waits.append(wait)
+        controller.record_step(chain_of(budget), [0], budget, 0.0)  # nothing accepted: 1 token for 18 ms
+    assert waits == [3, 6, 11, 22] and controller.lost_probes == 4
+    assert AdaptiveBudget(MODERATE, 60, history_of([(60, [])] * 8), lost_probes=10).probe_wait() == 128  # the cap
+
+    wait, budget = next_probe()
+    assert wait == 43
+    controller.record_step(chain_of(budget), [0, 1], budget, 0.0)  # 2 tokens for 18 ms: it beat plain decoding
+    assert controller.lost_probes == 0 and controller.best()[1] >= controller.plain_cost()  # drafting still loses
+    assert controller.probe_wait() == AdaptiveBudget(MODERATE, 60, controller.history, probe_share=0.3).probe_wait()
+
+    for _ in range(8):
+        controller.record_step(chain_of(4), [0, 1, 2, 3, 4], 4, 0.0)  # the text changed: drafting pays
+    controller.lost_probes = 3
+    assert controller.next_budget() > 0 and controller.lost_probes == 0
+
+
+def test_policy_choice_spaces_each_policys_probes_by_its_own_loss():
+    # both lose to 10 ms per plain token: the chain's steps accept a token half the time (tau 1.5 for 2 nodes,
+    # 20 ms: its probe loses 5 ms), the tree's none (its probe loses 10 ms)
+    controller = policy_choice(STEEP, [(8, [1]), (8, [])] * 4, [(60, [])] * 8, probe_share=0.3)
+    chain, tree = controller.controllers
+    assert chain.best()[1] >= chain.plain_cost() and tree.best()[1] >= tree.plain_cost()
+    waits, arms = [], []
+    for _ in range(4):
+        plain_steps = 0
+        expected = controller.controllers[controller.probes % 2].probe_wait()
+        while (budget := controller.next_budget()) == 0:
+            controller.record_plain_step()
+            plain_steps += 1
+        assert plain_steps == expected
+        waits.append(plain_steps)
+        arms.append(controller.arm)
+        controller.record_step(chain_of(budget), [0], budget, 0.0)  # nothing accepted: each probe lost
+        assert chain.lost_probes == tree.lost_probes == len(arms)  # counted across the policies
+    assert arms == [0, 1, 0, 1] and waits[1] > waits[0]  # the tree's dearer probe waits longer
+
+
 def test_probes_refresh_the_evidence_of_every_budget_that_could_pay():
     # a CPU's shape: a 2-node tree costs 1.7 tokens, 3 to 17 nodes cost 2, more nodes dearer; once only budget-1
     # steps were recorded, budget 1 alone has an estimate, and with tau <= 2 it can never beat plain decoding
@@ -372,6 +425,22 @@ def test_the_wait_between_probes_spans_generate_calls():
         assert torch.equal(target.generate(prompt, max_new_tokens=12, do_sample=False, assistant_model=draft), expected)
         probes.append(draft.stats.verify_steps)
     assert probes == [0, 0, 0, 1]  # the 35th plain-or-probe step of the stream, in the fourth call
+
+
+def test_the_probes_backing_off_spans_generate_calls():
+    from dart_hf.generation import adaptive_budget
+
+    target = tiny_target("llama", seed=7)
+    draft = DartDraftModel.from_target(target)
+    force_costs(draft, target, STEEP)
+    draft._dart_acceptance_history = history_of([(60, [])] * 8)  # known to lose: a probe after 34 plain steps
+    draft._dart_plain_run, draft._dart_lost_probes = 30, 2  # but two probes in a row lost: 128 steps
+    for prompt in prompts(2, seed=8):
+        expected = target.generate(prompt, max_new_tokens=12, do_sample=False)
+        assert torch.equal(target.generate(prompt, max_new_tokens=12, do_sample=False, assistant_model=draft), expected)
+        assert draft.stats.verify_steps == 0
+    assert (draft._dart_plain_run, draft._dart_lost_probes) == (30 + 2 * 11, 2)
+    assert adaptive_budget(draft, target, [60]).lost_probes == 2
 
 
 def test_plain_steps_sample_exactly_like_vanilla_generate():

@@ -15,7 +15,10 @@ budget m. Plain decoding commits one token per f(1). So:
   f(1), it decodes plainly and probes with a tree now and then to notice when drafting pays again. A probe costs
   its expected loss, tau(m) times the gap per token, so it waits for as many plain steps as keep probes' losses
   under `probe_share` of the plain decoding time: a tree that nearly pays is probed every few steps (so the
-  evidence follows a change of text quickly), one that loses badly rarely. A probe is at least `first_budget`'s
+  evidence follows a change of text quickly), one that loses badly rarely. Each probe in a row that lost doubles
+  the wait (up to `max_probe_interval`), and one that beat plain decoding restarts it: text where drafting loses
+  tends to go on being such text, and at a fixed share a long stretch of it paid the whole share (3% slower than
+  vanilla on AlpacaEval at T=1, `benchmarks/HISTORY.md`). A probe is at least `first_budget`'s
   tree, so that it refreshes the evidence of every budget that could pay. Every `explore_every` steps it tries
   twice the chosen budget, which is how larger budgets get evidence. With no evidence at all it starts with the
   largest tree that costs at most twice one token (`first_budget`). Where a forward runs padded to a faster
@@ -286,6 +289,7 @@ class AdaptiveBudget:
         lookup: LookupEvidence | None = None,
         timings: ForwardTimings | None = None,
         plain_run: int = 0,
+        lost_probes: int = 0,
     ):
         self.costs = costs
         self.max_budget = max_budget
@@ -297,6 +301,7 @@ class AdaptiveBudget:
         self.first_cost = first_cost
         self.overhead_window = overhead_window  # the overhead is the mean of this many recent steps'
         self.plain_run = plain_run  # plain steps since the last tree, carried across calls by the caller
+        self.lost_probes = lost_probes  # probes in a row that lost, carried across calls by the caller
         self._estimates = None  # cached_estimate() until the next record_step
         self.steps = 0
         self.budgets = sorted({self.filled(b) for b in candidate_budgets(max_budget)})
@@ -370,12 +375,13 @@ class AdaptiveBudget:
 
     def probe_wait(self) -> int:
         """Plain steps between probes while drafting loses: a probe's expected loss over plain decoding (tau times
-        the gap per token, at the probe's budget where that has an estimate) spread so that probes cost at most
-        `probe_share` of the plain decoding time."""
+        the gap per token, at the probe's budget where that has an estimate) spread so that the first probe after
+        drafting stopped paying costs at most `probe_share` of the plain decoding time, and doubled for every probe
+        in a row that lost since (`lost_probes`), up to `max_probe_interval` steps."""
         _, seconds_per_token, tau = self.best()
         tau, seconds_per_token = self.cached_estimate().get(self.probe_budget(), (tau, seconds_per_token))
         plain = self.plain_cost()
-        loss = tau * (seconds_per_token - plain)
+        loss = tau * (seconds_per_token - plain) * 2.0 ** min(self.lost_probes, 30)
         return min(math.ceil(loss / (self.probe_share * plain)), self.max_probe_interval)
 
     def first_budget(self) -> int:
@@ -393,8 +399,10 @@ class AdaptiveBudget:
             return self.first_budget()
         if seconds_per_token >= self.plain_cost():  # drafting loses to plain decoding
             if self.plain_run >= self.probe_wait():
+                self.lost_probes += 1
                 return self.probe_budget()  # a probe: does drafting pay again? (its record resets the plain run)
             return 0
+        self.lost_probes = 0
         self.steps += 1
         if self.steps % self.explore_every == 0 and budget < self.max_budget:
             return self.filled(min(2 * budget, self.max_budget))
@@ -452,6 +460,10 @@ class AdaptiveBudget:
         self._record_forward("verify", len(tree), forward_seconds)
         self._estimates = None
         self.plain_run = 0
+        if self.lost_probes:  # a probe: one that beat plain decoding restarts the wait (the text may have changed)
+            seconds = overhead_seconds + (forward_seconds or float(self.verify_costs([len(tree)])[0]))
+            if len(path) * self.plain_cost() >= seconds:
+                self.lost_probes = 0
 
     def record_plain_step(self, forward_seconds: float | None = None) -> None:
         """After a plain decoding step (counts towards the next probe), with its forward's seconds."""
@@ -475,9 +487,11 @@ class PolicyChoice:
     decoding step, or a tree of its budget. Of those drafted steps, every `explore_every`-th goes to the runner-up
     at its own best budget, so that its evidence follows the text; while a policy has no estimate yet, every other
     one does. While drafting loses to plain decoding the drafted steps are probes, and they go to the policies by
-    turns: a policy that is probed no more would keep the evidence it had when it fell behind. A plain step counts
-    towards every policy's next probe, a verified step ends every policy's plain run. `arm` is the index of the
-    policy that drafts the step `next_budget` decided.
+    turns: a policy that is probed no more would keep the evidence it had when it fell behind. Each waits as its
+    own probe's expected loss says (`AdaptiveBudget.probe_wait`), so that a dear policy's probe (a wide tree on a
+    CPU) is not spaced as a cheap one's. A plain step counts towards every policy's next probe, a verified step
+    ends every policy's plain run, and the probes in a row that lost are counted across the policies. `arm`
+    is the index of the policy that drafts the step `next_budget` decided.
     """
 
     def __init__(self, controllers: list[AdaptiveBudget], explore_every: int = 16):
@@ -501,6 +515,10 @@ class PolicyChoice:
     def plain_run(self) -> int:
         return self.controllers[0].plain_run
 
+    @property
+    def lost_probes(self) -> int:
+        return self.controllers[0].lost_probes
+
     def best(self) -> tuple[int | None, float, float]:
         """The chosen policy's `best` (budget, seconds per token, tau): the lowest seconds per token of any."""
         return min((controller.best() for controller in self.controllers), key=lambda best: best[1])
@@ -509,22 +527,29 @@ class PolicyChoice:
         """The budget for the next step (0: a plain decoding step), drafted with the policy `arm`."""
         ranked = sorted(range(len(self.controllers)), key=lambda i: self.controllers[i].best()[1])
         fastest = self.controllers[ranked[0]]
+        if fastest.best()[0] is not None and fastest.best()[1] >= fastest.plain_cost():  # every policy loses
+            self.arm = self.probes % len(self.controllers)  # probes by turns, each after its own wait
+            probed = self.controllers[self.arm]
+            budget = probed.next_budget()  # 0, or its probe (its first tree while it has no evidence)
+            if budget:
+                self.probes += 1
+                self.drafted += 1
+                lost_probes = max(controller.lost_probes for controller in self.controllers)
+                for controller in self.controllers:
+                    controller.lost_probes = lost_probes
+            return budget
+        for controller in self.controllers:
+            controller.lost_probes = 0
         self.arm = ranked[0]
         budget = fastest.next_budget()
-        if budget == 0:
-            return 0
         self.drafted += 1
         untried = [i for i in ranked[1:] if self.controllers[i].best()[0] is None]
-        probe = fastest.best()[0] is not None and fastest.best()[1] >= fastest.plain_cost()
-        if probe:  # by turns
-            self.probes += 1
-            self.arm = (self.probes - 1) % len(self.controllers)
-        elif self.drafted % (2 if untried else self.explore_every) == 0:
+        if self.drafted % (2 if untried else self.explore_every) == 0:
             self.arm = untried[0] if untried else ranked[1]
         if self.arm == ranked[0]:
             return budget
         chosen = self.controllers[self.arm]
-        return chosen.probe_budget() if probe else chosen.best()[0] or chosen.first_budget()
+        return chosen.best()[0] or chosen.first_budget()
 
     def lookup_choice(self, candidates: list[tuple[Hashable, int]]) -> tuple[int, int]:
         """`AdaptiveBudget.lookup_choice` against the fastest policy's drafted tree."""
@@ -543,6 +568,7 @@ class PolicyChoice:
         self._timings_moved()
         for controller in self.controllers:
             controller.plain_run = 0
+            controller.lost_probes = self.controllers[self.arm].lost_probes
 
     def record_plain_step(self, forward_seconds: float | None = None) -> None:
         self.controllers[0].record_plain_step(forward_seconds)

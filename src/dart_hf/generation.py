@@ -297,6 +297,7 @@ def dart_generate(
     stats.total_time = time.perf_counter() - start
     if controller is not None:
         draft._dart_plain_run = controller.plain_run  # read back by the next call's `adaptive_budget`
+        draft._dart_lost_probes = controller.lost_probes
 
     if streamer is not None:
         streamer.end()
@@ -347,12 +348,13 @@ def adaptive_budget(
     timings = _shared(draft, "_dart_forward_timings", ForwardTimings)
     # probes are spaced over the decoding stream, not per call: a wait longer than one call's tokens still ends
     plain_run = getattr(draft, "_dart_plain_run", 0)
+    lost_probes = getattr(draft, "_dart_lost_probes", 0)  # and so does their backing off
     # forwards padded to a faster size never run more rows than the largest tree (`_check_sliding_window`'s bound)
     costs = dataclasses.replace(memo[key], max_rows=max_nodes)
     controllers = [
         AdaptiveBudget(
             costs, max_budget, _shared(draft, name, lambda: deque(maxlen=64)),  # acceptance varies by text
-            lookup=lookup, timings=timings, plain_run=plain_run,
+            lookup=lookup, timings=timings, plain_run=plain_run, lost_probes=lost_probes,
         )
         for name, max_budget in zip(("_dart_acceptance_history", "_dart_second_policy_history"), max_budgets)
     ]
@@ -364,7 +366,10 @@ def adaptive_budget(
 
 # what `adaptive_budget` keeps on the draft across `generate` calls besides the forward-cost calibration: evidence
 # per decoding mode (the current mode's, and the other modes' set aside) and the recent forwards' timings
-MODE_EVIDENCE = ("_dart_acceptance_history", "_dart_second_policy_history", "_dart_lookup_evidence", "_dart_plain_run")
+MODE_EVIDENCE = (
+    "_dart_acceptance_history", "_dart_second_policy_history", "_dart_lookup_evidence", "_dart_plain_run",
+    "_dart_lost_probes",
+)
 CONTROLLER_STATE = MODE_EVIDENCE + ("_dart_forward_timings", "_dart_decoding_mode", "_dart_evidence_by_mode")
 
 

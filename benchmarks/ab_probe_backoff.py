@@ -1,0 +1,81 @@
+"""Probes that back off while drafting keeps losing, side by side with the version before and vanilla `generate`.
+
+Two arms, each the shipped draft with its own shared state:
+- fixed_share: every probe waits as long as keeps probes under `probe_share` of the plain decoding time, however
+  many probes in a row found drafting losing; with two tree policies (sampling, where wide trees are cheap enough
+  to weigh), the probes go to them by turns after the wait of the faster policy's probe;
+- backoff: each probe in a row that drafting kept losing after doubles the wait, and each policy's probe waits as
+  its own expected loss says (`AdaptiveBudget.probe_wait`, `PolicyChoice`), the shipped behaviour.
+Over the benchmark sets in the bench's order, interleaved prompt by prompt with the order reversed on every other
+prompt; greedy outputs are checked against vanilla's.
+
+    python benchmarks/ab_probe_backoff.py 60 32 benchmarks/results/ab_probe_backoff_sample.json alpaca-eval,mt-bench sample
+    # prompts per set, new tokens, output, the sets (default all), "sample" for T=1; about 16 minutes on a 2-core CPU
+"""
+
+import sys
+from pathlib import Path
+
+from _common import interleaved_speedups, report
+
+from dart_hf import generation
+from dart_hf.budget import AdaptiveBudget, PolicyChoice
+from dart_hf.zoo import load_draft, load_target
+
+
+class FixedShare(AdaptiveBudget):
+    """The previous wait: no backing off (the count of lost probes reads 0 and is not kept)."""
+
+    lost_probes = property(lambda self: 0, lambda self, value: None)
+
+
+class FixedSharePolicyChoice(PolicyChoice):
+    """The previous choice: the faster policy's controller decides plain step or probe, and the probe goes to the
+    policies by turns."""
+
+    def next_budget(self) -> int:
+        ranked = sorted(range(len(self.controllers)), key=lambda i: self.controllers[i].best()[1])
+        fastest = self.controllers[ranked[0]]
+        self.arm = ranked[0]
+        budget = fastest.next_budget()
+        if budget == 0:
+            return 0
+        self.drafted += 1
+        untried = [i for i in ranked[1:] if self.controllers[i].best()[0] is None]
+        probe = fastest.best()[0] is not None and fastest.best()[1] >= fastest.plain_cost()
+        if probe:
+            self.probes += 1
+            self.arm = (self.probes - 1) % len(self.controllers)
+        elif self.drafted % (2 if untried else self.explore_every) == 0:
+            self.arm = untried[0] if untried else ranked[1]
+        if self.arm == ranked[0]:
+            return budget
+        chosen = self.controllers[self.arm]
+        return chosen.probe_budget() if probe else chosen.best()[0] or chosen.first_budget()
+
+
+def main() -> None:
+    prompts_per_set = int(sys.argv[1]) if len(sys.argv) > 1 else 20
+    max_new_tokens = int(sys.argv[2]) if len(sys.argv) > 2 else 32
+    out = Path(sys.argv[3]) if len(sys.argv) > 3 else None
+    sets = sys.argv[4].split(",") if len(sys.argv) > 4 and sys.argv[4] != "all" else None
+    do_sample = len(sys.argv) > 5 and sys.argv[5] == "sample"
+    target, tokenizer = load_target("smollm2-135m-instruct")
+    drafts = {name: load_draft("smollm2-135m-instruct-dart", target) for name in ("fixed_share", "backoff")}
+    make_controller = generation.adaptive_budget
+
+    def adaptive_budget(draft, *args, **kwargs):
+        controller = make_controller(draft, *args, **kwargs)
+        if draft is drafts["fixed_share"]:
+            for budget in getattr(controller, "controllers", [controller]):
+                budget.__class__ = FixedShare
+            if isinstance(controller, PolicyChoice):
+                controller.__class__ = FixedSharePolicyChoice
+        return controller
+
+    generation.adaptive_budget = adaptive_budget
+    report(interleaved_speedups(target, tokenizer, drafts, prompts_per_set, max_new_tokens, sets, do_sample), out)
+
+
+if __name__ == "__main__":
+    main()
