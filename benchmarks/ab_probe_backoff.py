@@ -9,8 +9,12 @@ Two arms, each the shipped draft with its own shared state:
 Over the benchmark sets in the bench's order, interleaved prompt by prompt with the order reversed on every other
 prompt; greedy outputs are checked against vanilla's.
 
-    python benchmarks/ab_probe_backoff.py 60 32 benchmarks/results/ab_probe_backoff_sample.json alpaca-eval,mt-bench sample
-    # prompts per set, new tokens, output, the sets (default all), "sample" for T=1; about 16 minutes on a 2-core CPU
+    python benchmarks/ab_probe_backoff.py 20 32 benchmarks/results/ab_probe_backoff_sample_all.json all sample
+    # prompts per set, new tokens, output, the sets ("all", or names joined by commas), "sample" for T=1;
+    # about 21 minutes on a 2-core CPU
+
+`ab_probe_backoff_sample.json` (60 prompts, alpaca-eval,mt-bench, T=1) and `ab_probe_backoff.json` (30 prompts,
+mt-bench,cnn-dailymail, greedy) were run before the backing-off arm restarted its wait after a probe that won.
 """
 
 import sys
