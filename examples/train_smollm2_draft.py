@@ -144,7 +144,9 @@ LIMITATIONS = """- Trained on a 2-core CPU with 4,920 general self-distilled rep
   tree when its measured acceptance pays (HumanEval 2.00x), not the paper's 2-3x. On chat text it is at
   break-even: MT-Bench 1.02x [0.95-1.09] greedy in this run, 0.97x and 1.05x in two runs of the version before.
   At T=1 it read 1.10x overall and parity on chat, decoding plainly on about 80-90% of the steps there; at 60
-  prompts per set AlpacaEval read 0.97x [0.95-0.99] at T=1, slower than vanilla by about what the probes cost.
+  prompts per set AlpacaEval read 0.97x [0.95-0.99] at T=1, slower than vanilla by about what the probes cost;
+  with probes that back off (a later version, another machine) 0.99x [0.98-1.01], and on that machine MBPP and
+  AlpacaEval read 0.93-0.95x at T=1 over 20 prompts with either version.
 """
 
 
