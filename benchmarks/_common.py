@@ -5,16 +5,39 @@ the replays' table of tree settings."""
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from dart_hf import generation
 from dart_hf.bench import BENCHMARK_SETS, bootstrap_interval, chat_inputs, speedup
 from dart_hf.files import write_atomically
 from dart_hf.generation import swap_controller_state
 from dart_hf.prompts import load_prompts
 from dart_hf.training.trainer import greedy_agreement
+
+
+def patch_controllers(patches: list[tuple[object, Callable]]) -> None:
+    """Make `dart_hf.generation.adaptive_budget` pass the controller it builds for each draft of `patches` ((bound
+    draft, function of the controller) pairs, in order) through that draft's functions: how an A/B gives one arm
+    an earlier behaviour. Each function changes the controller in place (a `PolicyChoice` or an `AdaptiveBudget`)."""
+    make_controller = generation.adaptive_budget
+
+    def adaptive_budget(draft, *args, **kwargs):
+        controller = make_controller(draft, *args, **kwargs)
+        for patched, patch in patches:
+            if draft is patched:
+                patch(controller)
+        return controller
+
+    generation.adaptive_budget = adaptive_budget
+
+
+def tree_policies(controller) -> list:
+    """The `AdaptiveBudget` of each tree policy of a controller (one, or a `PolicyChoice`'s several)."""
+    return getattr(controller, "controllers", [controller])
 
 
 def report(results: dict, out: Path | None) -> None:

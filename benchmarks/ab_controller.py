@@ -17,9 +17,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from _common import interleaved_speedups, report
+from _common import interleaved_speedups, patch_controllers, report, tree_policies
 
-from dart_hf import generation
 from dart_hf.budget import AdaptiveBudget, ForwardCosts
 from dart_hf.zoo import load_draft, load_target
 
@@ -43,18 +42,19 @@ def main() -> None:
     out = Path(sys.argv[3]) if len(sys.argv) > 3 else None
     target, tokenizer = load_target("smollm2-135m-instruct")
     drafts = {name: load_draft("smollm2-135m-instruct-dart", target) for name in ("previous", "measured_costs", "this")}
-    make_controller = generation.adaptive_budget
 
-    def adaptive_budget(draft, *args, **kwargs):
-        controller = make_controller(draft, *args, **kwargs)
-        for budget in getattr(controller, "controllers", [controller]):
-            if draft is not drafts["this"]:
-                budget.__class__ = PreviousProbe
-            if draft is drafts["previous"]:
-                budget.costs = smoothed(budget.costs)
-        return controller
+    def previous_probe(controller) -> None:
+        for budget in tree_policies(controller):
+            budget.__class__ = PreviousProbe
 
-    generation.adaptive_budget = adaptive_budget
+    def smoothed_costs(controller) -> None:
+        for budget in tree_policies(controller):
+            budget.costs = smoothed(budget.costs)
+
+    patch_controllers([
+        (drafts["previous"], previous_probe), (drafts["previous"], smoothed_costs),
+        (drafts["measured_costs"], previous_probe),
+    ])
     report(interleaved_speedups(target, tokenizer, drafts, prompts_per_set, max_new_tokens), out)
 
 

@@ -14,9 +14,8 @@ prompt; every output is checked against vanilla's.
 import sys
 from pathlib import Path
 
-from _common import interleaved_speedups, report
+from _common import interleaved_speedups, patch_controllers, report, tree_policies
 
-from dart_hf import generation
 from dart_hf.budget import candidate_budgets
 from dart_hf.zoo import load_draft, load_target
 
@@ -28,17 +27,13 @@ def main() -> None:
     sets = sys.argv[4].split(",") if len(sys.argv) > 4 else None
     target, tokenizer = load_target("smollm2-135m-instruct")
     drafts = {name: load_draft("smollm2-135m-instruct-dart", target) for name in ("padded", "filled")}
-    make_controller = generation.adaptive_budget
 
-    def adaptive_budget(draft, *args, **kwargs):
-        controller = make_controller(draft, *args, **kwargs)
-        if draft is drafts["padded"]:
-            for budget in getattr(controller, "controllers", [controller]):
-                budget.filled = lambda b: b
-                budget.budgets = candidate_budgets(budget.max_budget)
-        return controller
+    def padded(controller) -> None:
+        for budget in tree_policies(controller):
+            budget.filled = lambda b: b
+            budget.budgets = candidate_budgets(budget.max_budget)
 
-    generation.adaptive_budget = adaptive_budget
+    patch_controllers([(drafts["padded"], padded)])
     report(interleaved_speedups(target, tokenizer, drafts, prompts_per_set, max_new_tokens, sets), out)
 
 

@@ -20,9 +20,8 @@ mt-bench,cnn-dailymail, greedy) were run before the backing-off arm restarted it
 import sys
 from pathlib import Path
 
-from _common import interleaved_speedups, report
+from _common import interleaved_speedups, patch_controllers, report, tree_policies
 
-from dart_hf import generation
 from dart_hf.budget import AdaptiveBudget, PolicyChoice
 from dart_hf.zoo import load_draft, load_target
 
@@ -66,18 +65,14 @@ def main() -> None:
     do_sample = len(sys.argv) > 5 and sys.argv[5] == "sample"
     target, tokenizer = load_target("smollm2-135m-instruct")
     drafts = {name: load_draft("smollm2-135m-instruct-dart", target) for name in ("fixed_share", "backoff")}
-    make_controller = generation.adaptive_budget
 
-    def adaptive_budget(draft, *args, **kwargs):
-        controller = make_controller(draft, *args, **kwargs)
-        if draft is drafts["fixed_share"]:
-            for budget in getattr(controller, "controllers", [controller]):
-                budget.__class__ = FixedShare
-            if isinstance(controller, PolicyChoice):
-                controller.__class__ = FixedSharePolicyChoice
-        return controller
+    def fixed_share(controller) -> None:
+        for budget in tree_policies(controller):
+            budget.__class__ = FixedShare
+        if isinstance(controller, PolicyChoice):
+            controller.__class__ = FixedSharePolicyChoice
 
-    generation.adaptive_budget = adaptive_budget
+    patch_controllers([(drafts["fixed_share"], fixed_share)])
     report(interleaved_speedups(target, tokenizer, drafts, prompts_per_set, max_new_tokens, sets, do_sample), out)
 
 

@@ -21,7 +21,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from _common import interleaved_speedups, report
+from _common import interleaved_speedups, report, tree_policies
 
 from dart_hf import generation, verify
 from dart_hf.zoo import load_draft, load_target
@@ -47,7 +47,7 @@ def main() -> None:
         running["arm"] = arm_of[id(draft)]
         controller = make_controller(draft, *args, **kwargs)
         if running["arm"] != "this":
-            for budget in getattr(controller, "controllers", [controller]):
+            for budget in tree_policies(controller):
                 budget.costs = dataclasses.replace(budget.costs, max_rows=0)  # no padding
         return controller
 
