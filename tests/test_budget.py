@@ -283,7 +283,7 @@ def policy_choice(costs, chain_records, tree_records, **kwargs) -> PolicyChoice:
 
 
 def chain_of(budget: int) -> Tree:
-    return Tree.from_parents(torch.arange(budget + 1), list(range(-1, budget)))
+    return Tree.chain(torch.arange(budget + 1))
 
 
 def test_policy_choice_drafts_with_the_policy_the_hardware_favours():

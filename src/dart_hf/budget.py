@@ -534,9 +534,8 @@ class PolicyChoice:
             if budget:
                 self.probes += 1
                 self.drafted += 1
-                lost_probes = max(controller.lost_probes for controller in self.controllers)
-                for controller in self.controllers:
-                    controller.lost_probes = lost_probes
+                for controller in self.controllers:  # the count is kept alike on every policy
+                    controller.lost_probes = probed.lost_probes
             return budget
         for controller in self.controllers:
             controller.lost_probes = 0
