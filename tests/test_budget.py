@@ -533,9 +533,9 @@ def test_filled_budgets_are_lossless_end_to_end(monkeypatch):
     force_costs(draft, target, ForwardCosts([1, 2, 3, 4, 5, 65], [0.010, 0.020, 0.020, 0.020, 0.011, 0.08]))
     trees = []  # node count of every drafted tree's forward
 
-    def recording_forward_tree(model, tree, cache, feature_layers, rows=None):
+    def recording_forward_tree(model, tree, cache, feature_layers, rows=None, weight_major=False):
         trees.append(len(tree))
-        return forward_tree(model, tree, cache, feature_layers, rows)
+        return forward_tree(model, tree, cache, feature_layers, rows, weight_major)
 
     monkeypatch.setattr(generation, "forward_tree", recording_forward_tree)
     budgets = []
@@ -562,9 +562,9 @@ def test_padded_forwards_are_lossless_end_to_end(monkeypatch):
     force_costs(draft, target, ForwardCosts([1, 2, 3, 4, 5, 65], [0.010, 0.020, 0.020, 0.020, 0.011, 0.08]))
     forwards = []  # (nodes, rows) of every verify forward
 
-    def recording_forward_tree(model, tree, cache, feature_layers, rows=None):
+    def recording_forward_tree(model, tree, cache, feature_layers, rows=None, weight_major=False):
         forwards.append((len(tree), rows))
-        return forward_tree(model, tree, cache, feature_layers, rows)
+        return forward_tree(model, tree, cache, feature_layers, rows, weight_major)
 
     monkeypatch.setattr(generation, "forward_tree", recording_forward_tree)
     for correct_levels, prompt in zip((1, 2, 3), prompts(3, seed=9)):

@@ -367,8 +367,8 @@ def test_lookup_chains_stop_at_the_length_limit(monkeypatch):
             evidence.record(kind, 10)
     cache_lengths = []
 
-    def recording_forward_tree(model, tree, cache, feature_layers, rows=None):
-        outputs = forward_tree(model, tree, cache, feature_layers, rows)
+    def recording_forward_tree(model, tree, cache, feature_layers, rows=None, weight_major=False):
+        outputs = forward_tree(model, tree, cache, feature_layers, rows, weight_major)
         cache_lengths.append(cache.get_seq_length())
         return outputs
 

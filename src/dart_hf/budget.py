@@ -56,8 +56,9 @@ from .verify import forward_tree
 # bumped when what `forward_tree` runs changes, so that costs cached on disk by an older version are re-measured
 # (2: the feature layers read by dart_hf.features' hooks instead of `output_hidden_states`; the fastest run kept;
 # 3: each size's fastest run as measured, no longer raised to the largest cost of any smaller size; 4: on a CPU the
-# tree's sdpa attention reads grouped key/value heads in place, `dart_hf.attention`, and every size up to 17 nodes)
-CALIBRATION_METHOD = 4
+# tree's sdpa attention reads grouped key/value heads in place, `dart_hf.attention`, and every size up to 17 nodes;
+# 5: both layouts of the linear layers' products, `dart_hf.weight_major`)
+CALIBRATION_METHOD = 5
 CANDIDATE_BUDGETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 # calibrated at every size up to this many nodes (context-lookup chains take any length; on a CPU neighbouring
@@ -77,11 +78,16 @@ class ForwardCosts:
 
     max_rows > 0 lets a forward run with more rows than it has nodes (`rows`): on this project's 2-core CPU,
     float32 matmuls of 2, 3 or 7 rows are slower than of 4, 5 or 13, so a forward of 3 nodes padded to 5 rows
-    costs less than one of 3. Calling the costs then gives the cost of the padded forward."""
+    costs less than one of 3. Calling the costs then gives the cost of the padded forward.
+
+    weight_major_seconds: the same forwards with the linear layers' products taken weight first
+    (`dart_hf.weight_major`), None where not measured; a forward runs in whichever layout measured faster at its
+    size (`weight_major`), and costs that."""
 
     node_counts: list[int]
     seconds: list[float]
     max_rows: int = 0
+    weight_major_seconds: list[float] | None = None
 
     def __post_init__(self):
         self._rows = [self._cheapest_rows(nodes) for nodes in range(self.max_rows + 1)]  # looked up every step
@@ -90,8 +96,19 @@ class ForwardCosts:
         return self.measured(self.rows(nodes))
 
     def measured(self, rows: int) -> float:
-        """Seconds of a forward over exactly `rows` rows."""
-        counts, seconds = self.node_counts, self.seconds
+        """Seconds of a forward over exactly `rows` rows, in the faster layout."""
+        if self.weight_major_seconds is None:
+            return self._interpolated(self.seconds, rows)
+        return min(self._interpolated(self.seconds, rows), self._interpolated(self.weight_major_seconds, rows))
+
+    def weight_major(self, rows: int) -> bool:
+        """Whether a forward over `rows` rows is faster with weight-major products."""
+        if self.weight_major_seconds is None:
+            return False
+        return self._interpolated(self.weight_major_seconds, rows) < self._interpolated(self.seconds, rows)
+
+    def _interpolated(self, seconds: list[float], rows: int) -> float:
+        counts = self.node_counts
         if rows > counts[-1] and len(counts) > 1:
             slope = (seconds[-1] - seconds[-2]) / (counts[-1] - counts[-2])
             return seconds[-1] + slope * (rows - counts[-1])
@@ -103,7 +120,8 @@ class ForwardCosts:
         return self._rows[nodes] if nodes <= self.max_rows else nodes
 
     def _cheapest_rows(self, nodes: int) -> int:
-        counts, seconds = np.asarray(self.node_counts), np.asarray(self.seconds)  # a measured size costs as measured
+        counts = np.asarray(self.node_counts)  # a measured size costs as measured
+        seconds = np.array([self.measured(int(count)) for count in counts])
         cheaper = (counts > nodes) & (counts <= self.max_rows) & (seconds <= PADDING_GAIN * self.measured(nodes))
         return int(counts[cheaper][seconds[cheaper].argmin()]) if cheaper.any() else nodes  # ties: the fewest rows
 
@@ -137,17 +155,19 @@ def calibrate_forward_costs(
     repeats: int = 7,
     use_disk_cache: bool = True,
 ) -> ForwardCosts:
-    """Time the target's tree forward (as `forward_tree` runs it) for trees of 1 to `max_nodes` nodes over a
-    `context_length`-token cache; the fastest of `repeats` runs per size, since other work on the machine only ever
-    adds time and the result is kept for good: cached in `$DART_HF_CACHE/forward_costs.json` under
-    `calibration_key(target)`, so it runs once per model and machine."""
+    """Time the target's tree forward (as `forward_tree` runs it, in both layouts of its linear layers' products:
+    `dart_hf.weight_major`) for trees of 1 to `max_nodes` nodes over a `context_length`-token cache; the fastest of
+    `repeats` runs per size and layout, since other work on the machine only ever adds time and the result is kept
+    for good: cached in `$DART_HF_CACHE/forward_costs.json` under `calibration_key(target)`, so it runs once per
+    model and machine."""
     key = f"{calibration_key(target)}|context={context_length}|method={CALIBRATION_METHOD}"
     path = cost_cache_dir() / "forward_costs.json"
     stored = json.loads(path.read_text()) if use_disk_cache and path.exists() else {}
     every_size = set(range(1, min(max_nodes, EVERY_SIZE_UP_TO) + 1))
     node_counts = sorted({max_nodes} | every_size | {n + 1 for n in CANDIDATE_BUDGETS if n + 1 < max_nodes})
     if key in stored and stored[key]["node_counts"][-1] >= max_nodes:
-        return ForwardCosts(stored[key]["node_counts"], stored[key]["seconds"])
+        entry = stored[key]
+        return ForwardCosts(entry["node_counts"], entry["seconds"], weight_major_seconds=entry["weight_major_seconds"])
 
     vocab_size = target.config.get_text_config().vocab_size
     generator = torch.Generator().manual_seed(0)
@@ -158,22 +178,24 @@ def calibrate_forward_costs(
         Tree.from_parents(torch.randint(0, vocab_size, (nodes,), generator=generator), [-1] + [0] * (nodes - 1))
         for nodes in node_counts
     ]
-    times = [[] for _ in node_counts]
+    layouts = (False, True)  # weight_major
+    times = {layout: [[] for _ in node_counts] for layout in layouts}
     for repeat in range(repeats + 1):  # round-robin over the sizes, so machine drift hits them alike
-        for tree, size_times in zip(trees, times):
-            _synchronize(target.device)
-            start = time.perf_counter()
-            forward_tree(target, tree, cache, feature_layers)
-            _synchronize(target.device)
-            if repeat > 0:  # the first round warms up
-                size_times.append(time.perf_counter() - start)
-            cache.crop(-len(tree))
+        for index, tree in enumerate(trees):
+            for layout in layouts if (repeat + index) % 2 == 0 else layouts[::-1]:
+                _synchronize(target.device)
+                start = time.perf_counter()
+                forward_tree(target, tree, cache, feature_layers, weight_major=layout)
+                _synchronize(target.device)
+                if repeat > 0:  # the first round warms up
+                    times[layout][index].append(time.perf_counter() - start)
+                cache.crop(-len(tree))
     # not smoothed into a rising curve: on a 2-core CPU's float32 matmuls 4, 5, 9 and 17 nodes measured 116-125 ms
     # where 3 and 7 took 146-153 ms (the same at a 400-token context), so the budget of 3 nodes was the dearer one
-    seconds = [min(size_times) for size_times in times]
-    costs = ForwardCosts(node_counts, seconds)
+    seconds, weight_major_seconds = ([min(size_times) for size_times in times[layout]] for layout in layouts)
+    costs = ForwardCosts(node_counts, seconds, weight_major_seconds=weight_major_seconds)
     if use_disk_cache:
-        stored[key] = {"node_counts": node_counts, "seconds": seconds}
+        stored[key] = {"node_counts": node_counts, "seconds": seconds, "weight_major_seconds": weight_major_seconds}
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(path, lambda temporary: Path(temporary).write_text(json.dumps(stored, indent=1)))
     return costs

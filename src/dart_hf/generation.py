@@ -217,7 +217,8 @@ def dart_generate(
         past_len = cache.get_seq_length()
         tick = time.perf_counter()
         rows = controller.costs.rows(len(tree)) if controller is not None else None  # padded where that is faster
-        tree_logits, tree_features = forward_tree(model, tree, cache, feature_layers, rows)
+        weight_major = controller is not None and controller.costs.weight_major(rows)  # the faster layout there
+        tree_logits, tree_features = forward_tree(model, tree, cache, feature_layers, rows, weight_major)
         forward_done = time.perf_counter()
         acceptance = accept(tree, tree_logits, input_ids, logits_processor, generation_config.do_sample)
         compact_cache(cache, past_len, acceptance.path)

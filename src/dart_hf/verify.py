@@ -5,6 +5,7 @@ Verification knows nothing of how the tree was built.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -15,6 +16,7 @@ from . import kernels
 from .attention import grouped_query_sdpa
 from .features import forward_with_features
 from .tree import Tree
+from .weight_major import weight_major_linears
 
 
 def tree_attention_mask(tree: Tree, past_len: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -25,13 +27,20 @@ def tree_attention_mask(tree: Tree, past_len: int, dtype: torch.dtype, device: t
 
 @torch.no_grad()
 def forward_tree(
-    target: PreTrainedModel, tree: Tree, cache: Cache, feature_layers: list[int], rows: int | None = None
+    target: PreTrainedModel,
+    tree: Tree,
+    cache: Cache,
+    feature_layers: list[int],
+    rows: int | None = None,
+    weight_major: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the target once over all tree nodes, appending them to `cache`.
 
     rows: run the forward with this many rows when it is more than the tree's N + 1 nodes (`ForwardCosts.rows`:
     where a larger matmul is faster); the extra rows are children of the root that no node attends to, so the
     nodes' outputs are unchanged, and `compact_cache` drops their cache entries with the rejected nodes'.
+    weight_major: take the target's linear layers' products weight first (`dart_hf.weight_major`: on a CPU, faster
+    for a few rows; `ForwardCosts.weight_major` says where).
     Returns logits `[N + 1, V]` and features `[N + 1, 3H]` (the feature layers concatenated, in order).
     """
     nodes = len(tree)
@@ -45,7 +54,8 @@ def forward_tree(
         attention = {"dart_tree": kernels.TreeAttentionMetadata.from_parents(tree.parents.to(device), past_len)}
     else:
         attention = {"attention_mask": tree_attention_mask(tree, past_len, target.dtype, device)}
-    with grouped_query_sdpa(target):  # on a CPU, sdpa without copying the cache per query head
+    layout = weight_major_linears(target) if weight_major else contextlib.nullcontext()
+    with grouped_query_sdpa(target), layout:  # on a CPU, sdpa without copying the cache per query head
         outputs, features = forward_with_features(
             target,
             feature_layers,
