@@ -12,41 +12,49 @@ its calibrated cost and of the median plain forward, to compare with the calibra
 """
 
 import argparse
+import json
 import statistics
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import torch
-from _common import report
 
 from dart_hf import budget
 from dart_hf.bench import chat_inputs
+from dart_hf.files import write_atomically
 from dart_hf.generation import swap_controller_state
 from dart_hf.prompts import load_prompts
 from dart_hf.zoo import load_draft, load_target
 
 STEPS: list[dict] = []  # filled by the patched controller methods, one entry per step
-_last_end = [0.0]  # when the previous step was recorded: a step's wall time runs from there to its own record
+_last = {"end": 0.0, "stats": None, "tokens": 0}  # the previous step's record time, and the tokens committed by then
 
 
-def _step(kind: str, nodes: int, forward_seconds: float | None, costs: budget.ForwardCosts, **extra) -> None:
+def _step(kind: str, nodes: int, forward_seconds: float | None, costs: budget.ForwardCosts, stats, **extra) -> None:
+    """Append one step; its wall time runs from the previous step's record to this one, its tokens are what the
+    draft's `stats` (one per `generate` call) counted since."""
     now = time.perf_counter()
+    if stats is not _last["stats"]:
+        _last.update(stats=stats, tokens=0)
     STEPS.append(
         {
             "kind": kind,
             "nodes": nodes,
             "forward": forward_seconds,
             "calibrated": costs(nodes),
-            "wall": now - _last_end[0],
+            "weight_major": costs.weight_major(costs.rows(nodes)),
+            "wall": now - _last["end"],
+            "tokens": stats.new_tokens - _last["tokens"],
             **extra,
         }
     )
-    _last_end[0] = now
+    _last.update(end=now, tokens=stats.new_tokens)
 
 
-def install_trace() -> None:
-    """Record every step the controller is told of (the records the adaptive budget already gets)."""
+def install_trace(draft) -> None:
+    """Record every step the controller is told of (the records the adaptive budget already gets) of `draft`'s
+    decoding."""
     record_step, record_plain, record_lookup = (
         budget.AdaptiveBudget.record_step,
         budget.AdaptiveBudget.record_plain_step,
@@ -55,15 +63,15 @@ def install_trace() -> None:
 
     def traced_step(self, tree, path, step_budget, overhead_seconds, forward_seconds=None):
         kind = "probe" if self.lost_probes else "drafted"
-        _step(kind, len(tree), forward_seconds, self.costs, tokens=len(path), overhead=overhead_seconds)
+        _step(kind, len(tree), forward_seconds, self.costs, draft.stats, overhead=overhead_seconds)
         record_step(self, tree, path, step_budget, overhead_seconds, forward_seconds)
 
     def traced_plain(self, forward_seconds=None):
-        _step("plain", 1, forward_seconds, self.costs, tokens=1, overhead=0.0)
+        _step("plain", 1, forward_seconds, self.costs, draft.stats, overhead=0.0)
         record_plain(self, forward_seconds)
 
     def traced_lookup(self, overhead_seconds, nodes, forward_seconds=None):
-        _step("lookup", nodes, forward_seconds, self.costs, tokens=None, overhead=overhead_seconds)
+        _step("lookup", nodes, forward_seconds, self.costs, draft.stats, overhead=overhead_seconds)
         record_lookup(self, overhead_seconds, nodes, forward_seconds)
 
     budget.AdaptiveBudget.record_step = traced_step
@@ -132,7 +140,7 @@ def main() -> None:
     target.generate(**warm_up, **options)
     target.generate(**warm_up, **options, assistant_model=draft)  # and the one-time calibration
     swap_controller_state(draft, {})
-    install_trace()
+    install_trace(draft)
 
     seconds = {"vanilla": 0.0, "dart": 0.0}
     new_tokens = 0
@@ -143,7 +151,7 @@ def main() -> None:
             extra = {"assistant_model": draft} if method == "dart" else {}
             torch.manual_seed(index)
             start = time.perf_counter()
-            _last_end[0] = start
+            _last["end"] = start
             output = target.generate(**inputs, **options, **extra)
             seconds[method] += time.perf_counter() - start
             if method == "dart":
@@ -153,9 +161,10 @@ def main() -> None:
     steps = [s for i, s in enumerate(STEPS) if i > 0 and "prompt_end" not in STEPS[i - 1]]
     summary = summarise(steps, seconds["dart"], seconds["vanilla"], new_tokens)
     summary.update(set=args.set, prompts=args.prompts, sample=args.sample, max_new_tokens=args.max_new_tokens)
-    report(summary, None)
+    print(json.dumps(summary, indent=2))
     if args.out:
-        report({"summary": summary, "steps": STEPS}, args.out)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(args.out, lambda temporary: Path(temporary).write_text(json.dumps({"summary": summary, "steps": STEPS})))
 
 
 if __name__ == "__main__":

@@ -399,6 +399,31 @@ def test_calibration_keeps_a_size_that_measures_cheaper_than_a_smaller_one(tmp_p
     assert costs(4) < costs(3)
 
 
+def test_calibration_measures_both_layouts_and_keeps_each_on_disk(tmp_path, monkeypatch):
+    """Weight-major forwards timed at half the usual time at 2-4 nodes and twice it elsewhere: the costs say
+    weight-major where it measured faster, and the cached calibration gives the same back."""
+    monkeypatch.setattr(budget_module, "cost_cache_dir", lambda: tmp_path)
+    usual = {1: 0.06, 2: 0.09, 3: 0.11, 4: 0.10, 5: 0.09, 6: 0.10, 7: 0.11, 8: 0.10, 9: 0.11}
+    clock, layouts = [0.0], []
+    real_forward = budget_module.forward_tree
+
+    def timed_forward(target, tree, cache, feature_layers, rows=None, weight_major=False):
+        nodes = len(tree)
+        layouts.append(weight_major)
+        clock[0] += usual[nodes] * ((0.5 if 2 <= nodes <= 4 else 2.0) if weight_major else 1.0)
+        return real_forward(target, tree, cache, feature_layers, rows, weight_major)
+
+    monkeypatch.setattr(budget_module, "forward_tree", timed_forward)
+    monkeypatch.setattr(budget_module.time, "perf_counter", lambda: clock[0])
+    target = tiny_target("llama")
+    costs = calibrate_forward_costs(target, [2, 3, 4], max_nodes=9, context_length=16, repeats=2)
+    assert layouts.count(True) == layouts.count(False) == 9 * 3
+    assert [costs.weight_major(n) for n in range(1, 10)] == [n in (2, 3, 4) for n in range(1, 10)]
+    assert costs(3) == pytest.approx(0.055) and costs(6) == pytest.approx(0.10)
+    assert calibrate_forward_costs(target, [2, 3, 4], max_nodes=9, context_length=16, repeats=2) == costs
+    assert len(layouts) == 9 * 3 * 2  # the second call read the disk
+
+
 def test_plain_fallback_is_lossless_greedy_and_engages():
     target = tiny_target("qwen3", seed=3)
     draft = DartDraftModel.from_target(target)  # untrained: nothing is accepted
@@ -506,6 +531,22 @@ def test_forwards_are_padded_to_a_cheaper_measured_size_up_to_max_rows():
     assert ForwardCosts([1, 5, 61], [1.0, 1.02, 1.0], max_rows=61).rows(5) == 5
 
 
+def test_each_size_runs_and_costs_as_its_faster_layout():
+    """Weight-major products (`dart_hf.weight_major`) measured faster at 2-5 rows, as on this CPU: those sizes cost
+    the weight-major time and run weight-major; the others keep the usual layout and its time."""
+    counts = [1, 2, 3, 4, 5, 9, 17]
+    usual = [1.0, 1.5, 1.8, 1.6, 1.5, 1.7, 2.0]
+    major = [1.05, 1.0, 1.2, 1.0, 1.2, 1.9, 2.6]
+    costs = ForwardCosts(counts, usual, weight_major_seconds=major)
+    assert [costs.weight_major(n) for n in counts] == [False, True, True, True, True, False, False]
+    assert [costs(n) for n in counts] == [1.0, 1.0, 1.2, 1.0, 1.2, 1.7, 2.0]
+    assert costs(7) == pytest.approx(min(1.6, 1.55))  # between measured sizes: the cheaper interpolation
+    assert not ForwardCosts(counts, usual).weight_major(3)  # not measured: the usual layout
+    # padding looks at each size's faster layout: 3 nodes run as 4 weight-major rows
+    padded = ForwardCosts(counts, usual, max_rows=9, weight_major_seconds=major)
+    assert padded.rows(3) == 4 and padded.weight_major(padded.rows(3)) and padded(3) == 1.0
+
+
 def test_budgets_grow_to_fill_the_rows_their_forward_is_padded_to():
     """2-4 rows cost more than 5: budgets 1-4 become 4, a tree of 5 nodes; 7 and 9 nodes run unpadded."""
     measured = ([1, 2, 3, 4, 5, 9, 13], [1.0, 1.7, 2.1, 1.45, 1.37, 1.85, 1.7])
@@ -550,6 +591,36 @@ def test_filled_budgets_are_lossless_end_to_end(monkeypatch):
         budgets += draft.stats.budgets
     assert budgets and min(budgets) >= 4 and 4 in budgets
     assert min(trees) >= 5
+
+
+def test_weight_major_forwards_are_lossless_end_to_end(monkeypatch):
+    """Costs under which every tree and lookup chain of up to 5 nodes runs weight-major (`dart_hf.weight_major`):
+    greedy output as vanilla's, with forwards of both layouts run."""
+    import dart_hf.generation as generation
+    from dart_hf.verify import forward_tree
+
+    target = tiny_target("llama", seed=8)
+    draft = OracleDraft.from_target(target)
+    counts = [1, 2, 3, 4, 5, 6, 65]
+    usual = [0.010, 0.012, 0.013, 0.014, 0.015, 0.016, 0.08]
+    major = [0.011, 0.011, 0.011, 0.011, 0.011, 0.020, 0.2]
+    force_costs(draft, target, ForwardCosts(counts, usual, weight_major_seconds=major))
+    forwards = []  # (nodes, weight_major) of every verify forward
+
+    def recording_forward_tree(model, tree, cache, feature_layers, rows=None, weight_major=False):
+        forwards.append((len(tree), weight_major))
+        return forward_tree(model, tree, cache, feature_layers, rows, weight_major)
+
+    monkeypatch.setattr(generation, "forward_tree", recording_forward_tree)
+    for correct_levels, prompt in zip((1, 2, 3), prompts(3, seed=9)):
+        draft.set_reference(target.generate(prompt, max_new_tokens=72, do_sample=False), correct_levels)
+        expected = target.generate(prompt, max_new_tokens=64, do_sample=False)
+        got = target.generate(
+            prompt, max_new_tokens=64, do_sample=False, assistant_model=draft, tree_options={"budget": 8}
+        )
+        assert torch.equal(got, expected)
+    assert {major for _, major in forwards} == {False, True}
+    assert all(major == (nodes <= 5) for nodes, major in forwards)
 
 
 def test_padded_forwards_are_lossless_end_to_end(monkeypatch):

@@ -95,6 +95,25 @@ def test_greedy_acceptance_walks_the_matching_branch():
     assert result.path == [0, 2, 3] and result.tokens == [6, 7, 9]
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_a_weight_major_forward_gives_the_same_logits_features_and_cache(arch):
+    """`forward_tree(..., weight_major=True)` (`dart_hf.weight_major`) takes the same products in another order:
+    the nodes' logits and features and the cache rows agree up to rounding, and the greedy picks are the same."""
+    generator = torch.Generator().manual_seed(5)
+    target = tiny_target(arch, seed=5)
+    tree = random_tree(6, generator)
+    cache = prefilled(target, torch.randint(0, 128, (1, 10), generator=generator))
+    other_cache = copy.deepcopy(cache)
+    logits, features = forward_tree(target, tree, cache, FEATURE_LAYERS)
+    major_logits, major_features = forward_tree(target, tree, other_cache, FEATURE_LAYERS, weight_major=True)
+    torch.testing.assert_close(major_logits, logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(major_features, features, rtol=0, atol=1e-5)
+    assert torch.equal(major_logits.argmax(-1), logits.argmax(-1))
+    for layer, other_layer in zip(cache.layers, other_cache.layers):
+        torch.testing.assert_close(other_layer.keys, layer.keys, rtol=0, atol=1e-5)
+        torch.testing.assert_close(other_layer.values, layer.values, rtol=0, atol=1e-5)
+
+
 def test_padding_rows_change_neither_the_nodes_outputs_nor_the_compacted_cache():
     """A forward padded to more rows (where a larger matmul is faster) gives the nodes the same logits and
     features, and after compaction the cache holds exactly what the unpadded forward's does."""
