@@ -1,14 +1,18 @@
-"""The verify forward of SmolLM2-135M on this machine, in isolation: what `dart_hf.attention` and padding change.
+"""The verify forward of SmolLM2-135M on this machine, in isolation: what `dart_hf.attention`, padding and
+`dart_hf.weight_major` change.
 
 1. Attention: a forward over 1 and 5 nodes at several context lengths, through Transformers' sdpa (which copies the
    cached keys and values per query head of their group) and through `dart_hf.attention.grouped_query_sdpa`.
 2. Padding: a forward over n nodes run with m >= n rows (`forward_tree(..., rows=m)`), for the sizes where this
    CPU's float32 matmuls are slow.
+3. Layouts: a forward over n nodes with the linear layers' usual products and weight first
+   (`forward_tree(..., weight_major=True)`).
 
 Every case runs interleaved with the others, the order reversed every other round; medians, as multiples of a
 one-token forward at the same context.
 
     python benchmarks/bench_tree_forward.py --out benchmarks/results/bench_tree_forward.json
+    python benchmarks/bench_tree_forward.py --parts layouts --out benchmarks/results/bench_weight_major.json
 """
 
 import argparse
@@ -28,6 +32,7 @@ FEATURE_LAYERS = [2, 15, 27]
 PADDING_CASES = [
     (1, 1), (2, 2), (2, 5), (3, 3), (3, 4), (3, 5), (4, 4), (4, 5), (5, 5), (7, 7), (7, 8), (9, 9), (9, 13), (13, 13)
 ]
+LAYOUT_SIZES = [1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 17, 25]
 
 
 def chain(nodes: int, vocab_size: int) -> Tree:
@@ -35,14 +40,14 @@ def chain(nodes: int, vocab_size: int) -> Tree:
 
 
 def median_seconds(target, cache, cases: dict, rounds: int) -> dict:
-    """cases: name -> (tree, rows, attention context manager factory). Median seconds per case."""
+    """cases: name -> (tree, rows, attention context manager factory, weight_major). Median seconds per case."""
     times = {name: [] for name in cases}
     for round_index in range(rounds):
         for name in list(cases) if round_index % 2 == 0 else list(cases)[::-1]:
-            tree, rows, attention = cases[name]
+            tree, rows, attention, weight_major = cases[name]
             verify.grouped_query_sdpa = attention
             start = time.perf_counter()
-            verify.forward_tree(target, tree, cache, FEATURE_LAYERS, rows)
+            verify.forward_tree(target, tree, cache, FEATURE_LAYERS, rows, weight_major)
             times[name].append(time.perf_counter() - start)
             cache.crop(-max(rows or 0, len(tree)))
     return {name: sorted(seconds)[len(seconds) // 2] for name, seconds in times.items()}
@@ -53,6 +58,7 @@ def main() -> None:
     parser.add_argument("--contexts", type=int, nargs="+", default=[200, 600, 1000])
     parser.add_argument("--padding-context", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--parts", nargs="+", default=["attention", "padding", "layouts"])
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -66,10 +72,10 @@ def main() -> None:
             target(input_ids=torch.randint(0, vocab_size, (1, length)), cache=cache, use_cache=True)
         return cache
 
-    results = {"attention": {}, "padding": {}}
-    for context in args.contexts:
+    results = {part: {} for part in args.parts}
+    for context in args.contexts if "attention" in args.parts else []:
         cases = {
-            f"{nodes} nodes, {name}": (chain(nodes, vocab_size), None, attention)
+            f"{nodes} nodes, {name}": (chain(nodes, vocab_size), None, attention, False)
             for nodes in (1, 5) for name, attention in (("transformers sdpa", copying), ("grouped-query sdpa", routed))
         }
         seconds = median_seconds(target, prefilled(context), cases, args.rounds)
@@ -78,11 +84,25 @@ def main() -> None:
         results["attention"][context]["one token, ms"] = one_token * 1000
         print(context, {name: round(value, 3) for name, value in results["attention"][context].items()}, flush=True)
 
-    cases = {f"{nodes} nodes in {rows} rows": (chain(nodes, vocab_size), rows, routed) for nodes, rows in PADDING_CASES}
-    seconds = median_seconds(target, prefilled(args.padding_context), cases, args.rounds)
-    one_token = seconds["1 nodes in 1 rows"]
-    results["padding"] = {name: value / one_token for name, value in seconds.items()}
-    results["padding"]["one token, ms"] = one_token * 1000
+    if "padding" in args.parts:
+        cases = {
+            f"{nodes} nodes in {rows} rows": (chain(nodes, vocab_size), rows, routed, False)
+            for nodes, rows in PADDING_CASES
+        }
+        seconds = median_seconds(target, prefilled(args.padding_context), cases, args.rounds)
+        one_token = seconds["1 nodes in 1 rows"]
+        results["padding"] = {name: value / one_token for name, value in seconds.items()}
+        results["padding"]["one token, ms"] = one_token * 1000
+
+    if "layouts" in args.parts:
+        cases = {
+            f"{nodes} nodes, {name}": (chain(nodes, vocab_size), None, routed, weight_major)
+            for nodes in LAYOUT_SIZES for name, weight_major in (("usual", False), ("weight-major", True))
+        }
+        seconds = median_seconds(target, prefilled(args.padding_context), cases, args.rounds)
+        one_token = seconds["1 nodes, usual"]
+        results["layouts"] = {name: value / one_token for name, value in seconds.items()}
+        results["layouts"]["one token, ms"] = one_token * 1000
     verify.grouped_query_sdpa = routed
     report(results, args.out)
 
