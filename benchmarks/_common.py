@@ -4,6 +4,7 @@ the replays' table of tree settings."""
 
 import argparse
 import json
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +39,18 @@ def patch_controllers(patches: list[tuple[object, Callable]]) -> None:
 def tree_policies(controller) -> list:
     """The `AdaptiveBudget` of each tree policy of a controller (one, or a `PolicyChoice`'s several)."""
     return getattr(controller, "controllers", [controller])
+
+
+def ab_arguments(default_prompts: int) -> tuple[int, int, Path | None, list[str] | None, bool]:
+    """The A/B scripts' positional arguments: prompts per set, new tokens (32), output JSON, the sets (a comma list,
+    or "all", the default) and "sample" for T=1 sampling instead of greedy decoding."""
+    argv = sys.argv[1:]
+    prompts_per_set = int(argv[0]) if len(argv) > 0 else default_prompts
+    max_new_tokens = int(argv[1]) if len(argv) > 1 else 32
+    out = Path(argv[2]) if len(argv) > 2 else None
+    sets = argv[3].split(",") if len(argv) > 3 and argv[3] != "all" else None
+    do_sample = len(argv) > 4 and argv[4] == "sample"
+    return prompts_per_set, max_new_tokens, out, sets, do_sample
 
 
 def report(results: dict, out: Path | None) -> None:

@@ -17,10 +17,8 @@ prompt; greedy outputs are checked against vanilla's.
 mt-bench,cnn-dailymail, greedy) were run before the backing-off arm restarted its wait after a probe that won.
 """
 
-import sys
-from pathlib import Path
 
-from _common import interleaved_speedups, patch_controllers, report, tree_policies
+from _common import ab_arguments, interleaved_speedups, patch_controllers, report, tree_policies
 
 from dart_hf.budget import AdaptiveBudget, PolicyChoice
 from dart_hf.zoo import load_draft, load_target
@@ -58,11 +56,7 @@ class FixedSharePolicyChoice(PolicyChoice):
 
 
 def main() -> None:
-    prompts_per_set = int(sys.argv[1]) if len(sys.argv) > 1 else 20
-    max_new_tokens = int(sys.argv[2]) if len(sys.argv) > 2 else 32
-    out = Path(sys.argv[3]) if len(sys.argv) > 3 else None
-    sets = sys.argv[4].split(",") if len(sys.argv) > 4 and sys.argv[4] != "all" else None
-    do_sample = len(sys.argv) > 5 and sys.argv[5] == "sample"
+    prompts_per_set, max_new_tokens, out, sets, do_sample = ab_arguments(20)
     target, tokenizer = load_target("smollm2-135m-instruct")
     drafts = {name: load_draft("smollm2-135m-instruct-dart", target) for name in ("fixed_share", "backoff")}
 

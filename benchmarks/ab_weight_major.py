@@ -14,21 +14,15 @@ prompt; in greedy mode every output is checked against vanilla's.
 """
 
 import dataclasses
-import sys
-from pathlib import Path
 
-from _common import interleaved_speedups, report
+from _common import ab_arguments, interleaved_speedups, report
 
 from dart_hf import generation
 from dart_hf.zoo import load_draft, load_target
 
 
 def main() -> None:
-    prompts_per_set = int(sys.argv[1]) if len(sys.argv) > 1 else 12
-    max_new_tokens = int(sys.argv[2]) if len(sys.argv) > 2 else 32
-    out = Path(sys.argv[3]) if len(sys.argv) > 3 else None
-    sets = sys.argv[4].split(",") if len(sys.argv) > 4 and sys.argv[4] != "all" else None
-    do_sample = len(sys.argv) > 5 and sys.argv[5] == "sample"
+    prompts_per_set, max_new_tokens, out, sets, do_sample = ab_arguments(12)
     target, tokenizer = load_target("smollm2-135m-instruct")
     drafts = {name: load_draft("smollm2-135m-instruct-dart", target) for name in ("usual", "weight_major")}
     calibrate = generation.calibrate_forward_costs

@@ -138,15 +138,13 @@ Results; the held-out set grows with each round, so rounds are not comparable on
 LIMITATIONS = """- Trained on a 2-core CPU with 4,920 general self-distilled replies (mostly short chitchat
   and Alpaca-style instructions), 6,127 replies to benchmark-like and open-ended prompts and 720 sampled replies
   to open-ended prompts: its agreement with the target (alpha_1 46% on the benchmark texts, 31-42% on news
-  summaries, code completion and MT-Bench) is far below the paper's drafts (about 75%). Its drafted trees alone
-  run at 1.14x plain decoding's speed on that CPU overall (0.98x on MT-Bench, 1.00x on CNN/DailyMail, 1.39x on
-  MATH-500); DART's gain comes in good part from context lookup, which the adaptive budget verifies instead of a
-  tree when its measured acceptance pays (HumanEval 2.00x), not the paper's 2-3x. On chat text it is at
-  break-even: MT-Bench 1.02x [0.95-1.09] greedy in this run, 0.97x and 1.05x in two runs of the version before.
-  At T=1 it read 1.10x overall and parity on chat, decoding plainly on about 80-90% of the steps there; at 60
-  prompts per set AlpacaEval read 0.97x [0.95-0.99] at T=1, slower than vanilla by about what the probes cost;
-  with probes that back off (a later version, another machine) 0.99x [0.98-1.01], and on that machine MBPP and
-  AlpacaEval read 0.93-0.95x at T=1 over 20 prompts with either version.
+  summaries, code completion and MT-Bench) is far below the paper's drafts (about 75%). With the tree forward's
+  products taken weight first on that CPU (dart-hf's `weight_major`), its drafted trees alone run at 1.23x plain
+  decoding's speed overall (0.99x on CNN/DailyMail, where they decode plainly on 76% of the steps, 1.42-1.46x on
+  MATH-500 and MBPP); context lookup, which the adaptive budget verifies instead of a tree when its measured
+  acceptance pays, brings DART to 1.43x (HumanEval 1.96x), not the paper's 2-3x.
+- At T=1 a drawn chain accepts fewer tokens and DART decodes plainly on about half of the steps or more on
+  chat and news; see the T=1 table for where it stands per set.
 """
 
 

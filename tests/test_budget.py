@@ -10,6 +10,8 @@ from _helpers import FLAT_COSTS as FLAT, OracleDraft, force_costs, prompts, tiny
 from dart_hf import DartDraftModel
 from dart_hf import budget as budget_module
 from dart_hf.budget import (
+    DraftCosts,
+    calibrate_draft_costs,
     AdaptiveBudget,
     ForwardCosts,
     ForwardTimings,
@@ -33,6 +35,31 @@ def test_forward_costs_interpolate_and_extrapolate():
     costs = ForwardCosts([1, 9, 17], [1.0, 2.0, 4.0])
     assert costs(1) == 1.0 and costs(5) == pytest.approx(1.5) and costs(13) == pytest.approx(3.0)
     assert costs(25) == pytest.approx(6.0)  # the last segment's slope
+
+
+def test_each_budget_pays_the_draft_forward_of_its_own_levels():
+    """Evidence from eight-level steps (the probes' budget) whose overhead was mostly the draft's eight-level
+    forward: a one-level chain is priced with a one-level forward, and pays; priced with the steps' mean overhead,
+    as before draft costs, it lost to plain decoding."""
+    one_token = ForwardCosts([1, 2, 9], [0.060, 0.062, 0.110])
+    draft_costs = DraftCosts([0.005, 0.006, 0.008, 0.009, 0.011, 0.013, 0.015, 0.017])
+    assert draft_costs(1) == 0.005 and draft_costs(8) == draft_costs(60) == 0.017
+    # 8-node chains whose first drafted token held on 3 steps in 10: tau(1) = 1.3
+    records = [StepRecord(8, np.array([1] if i % 10 < 3 else [], dtype=np.int64), 0.025) for i in range(10)]
+    priced = AdaptiveBudget(one_token, 8, deque(records, maxlen=64), draft_costs=draft_costs)
+    tau, seconds_per_token = priced.estimate()[1]
+    assert tau == pytest.approx(1.3)
+    assert seconds_per_token == pytest.approx((0.025 - 0.017 + 0.005 + 0.062) / 1.3)  # 57.7 ms < 60 ms
+    assert priced.next_budget() == 1
+    flat = AdaptiveBudget(one_token, 8, deque(records, maxlen=64))
+    assert flat.estimate()[1][1] == pytest.approx((0.025 + 0.062) / 1.3)  # 66.9 ms: loses
+    assert flat.next_budget() == 0
+
+
+def test_draft_costs_are_measured_per_level_count():
+    draft = DartDraftModel.from_target(tiny_target("llama"))
+    costs = calibrate_draft_costs(draft, repeats=1)
+    assert len(costs.seconds) == draft.config.draft_length and all(seconds > 0 for seconds in costs.seconds)
 
 
 def test_no_evidence_uses_the_largest_tree_that_costs_at_most_two_tokens():
@@ -563,88 +590,70 @@ def test_budgets_grow_to_fill_the_rows_their_forward_is_padded_to():
     assert AdaptiveBudget(ForwardCosts(*measured), 8, deque()).budgets == [1, 2, 3, 4, 6, 8]
 
 
-def test_filled_budgets_are_lossless_end_to_end(monkeypatch):
-    """Costs under which trees of 2-4 nodes would run padded to 5 rows: the drafted trees are built with budget 4
-    instead (no tree runs fewer nodes than 5 but for lookup chains), and the greedy output is vanilla's."""
+def recorded_verify_forwards(monkeypatch) -> list[tuple[int, int | None, bool]]:
+    """Make the decode loop's verify forwards append (nodes, rows, weight_major) to the returned list."""
     import dart_hf.generation as generation
     from dart_hf.verify import forward_tree
 
-    target = tiny_target("llama", seed=8)
-    draft = OracleDraft.from_target(target)
-    force_costs(draft, target, ForwardCosts([1, 2, 3, 4, 5, 65], [0.010, 0.020, 0.020, 0.020, 0.011, 0.08]))
-    trees = []  # node count of every drafted tree's forward
+    forwards = []
 
     def recording_forward_tree(model, tree, cache, feature_layers, rows=None, weight_major=False):
-        trees.append(len(tree))
+        forwards.append((len(tree), rows, weight_major))
         return forward_tree(model, tree, cache, feature_layers, rows, weight_major)
 
     monkeypatch.setattr(generation, "forward_tree", recording_forward_tree)
+    return forwards
+
+
+def assert_oracle_decoding_is_vanilla(target, draft, tree_options: dict) -> list[int]:
+    """Greedy DART with the oracle `draft` right for 1, 2 and 3 levels, on three prompts: the output is vanilla's.
+    Returns the budgets of every drafted step."""
     budgets = []
     for correct_levels, prompt in zip((1, 2, 3), prompts(3, seed=9)):
         draft.set_reference(target.generate(prompt, max_new_tokens=72, do_sample=False), correct_levels)
         expected = target.generate(prompt, max_new_tokens=64, do_sample=False)
         got = target.generate(
-            prompt, max_new_tokens=64, do_sample=False, assistant_model=draft,
-            tree_options={"budget": 8, "lookup_length": 0},
+            prompt, max_new_tokens=64, do_sample=False, assistant_model=draft, tree_options=tree_options
         )
         assert torch.equal(got, expected)
         budgets += draft.stats.budgets
+    return budgets
+
+
+def test_filled_budgets_are_lossless_end_to_end(monkeypatch):
+    """Costs under which trees of 2-4 nodes would run padded to 5 rows: the drafted trees are built with budget 4
+    instead (no tree runs fewer nodes than 5 but for lookup chains), and the greedy output is vanilla's."""
+    target = tiny_target("llama", seed=8)
+    draft = OracleDraft.from_target(target)
+    force_costs(draft, target, ForwardCosts([1, 2, 3, 4, 5, 65], [0.010, 0.020, 0.020, 0.020, 0.011, 0.08]))
+    forwards = recorded_verify_forwards(monkeypatch)
+    budgets = assert_oracle_decoding_is_vanilla(target, draft, {"budget": 8, "lookup_length": 0})
     assert budgets and min(budgets) >= 4 and 4 in budgets
-    assert min(trees) >= 5
+    assert min(nodes for nodes, _, _ in forwards) >= 5
 
 
 def test_weight_major_forwards_are_lossless_end_to_end(monkeypatch):
     """Costs under which every tree and lookup chain of up to 5 nodes runs weight-major (`dart_hf.weight_major`):
     greedy output as vanilla's, with forwards of both layouts run."""
-    import dart_hf.generation as generation
-    from dart_hf.verify import forward_tree
-
     target = tiny_target("llama", seed=8)
     draft = OracleDraft.from_target(target)
     counts = [1, 2, 3, 4, 5, 6, 65]
     usual = [0.010, 0.012, 0.013, 0.014, 0.015, 0.016, 0.08]
     major = [0.011, 0.011, 0.011, 0.011, 0.011, 0.020, 0.2]
     force_costs(draft, target, ForwardCosts(counts, usual, weight_major_seconds=major))
-    forwards = []  # (nodes, weight_major) of every verify forward
-
-    def recording_forward_tree(model, tree, cache, feature_layers, rows=None, weight_major=False):
-        forwards.append((len(tree), weight_major))
-        return forward_tree(model, tree, cache, feature_layers, rows, weight_major)
-
-    monkeypatch.setattr(generation, "forward_tree", recording_forward_tree)
-    for correct_levels, prompt in zip((1, 2, 3), prompts(3, seed=9)):
-        draft.set_reference(target.generate(prompt, max_new_tokens=72, do_sample=False), correct_levels)
-        expected = target.generate(prompt, max_new_tokens=64, do_sample=False)
-        got = target.generate(
-            prompt, max_new_tokens=64, do_sample=False, assistant_model=draft, tree_options={"budget": 8}
-        )
-        assert torch.equal(got, expected)
-    assert {major for _, major in forwards} == {False, True}
-    assert all(major == (nodes <= 5) for nodes, major in forwards)
+    forwards = recorded_verify_forwards(monkeypatch)
+    assert_oracle_decoding_is_vanilla(target, draft, {"budget": 8})
+    assert {major for _, _, major in forwards} == {False, True}
+    assert all(major == (nodes <= 5) for nodes, _, major in forwards)
 
 
 def test_padded_forwards_are_lossless_end_to_end(monkeypatch):
     """Costs under which trees and lookup chains of 2-4 nodes run padded to 5 rows: greedy output as vanilla's."""
-    import dart_hf.generation as generation
-    from dart_hf.verify import forward_tree
-
     target = tiny_target("llama", seed=8)  # random models fall into loops: context lookup engages
     draft = OracleDraft.from_target(target)
     force_costs(draft, target, ForwardCosts([1, 2, 3, 4, 5, 65], [0.010, 0.020, 0.020, 0.020, 0.011, 0.08]))
-    forwards = []  # (nodes, rows) of every verify forward
-
-    def recording_forward_tree(model, tree, cache, feature_layers, rows=None, weight_major=False):
-        forwards.append((len(tree), rows))
-        return forward_tree(model, tree, cache, feature_layers, rows, weight_major)
-
-    monkeypatch.setattr(generation, "forward_tree", recording_forward_tree)
-    for correct_levels, prompt in zip((1, 2, 3), prompts(3, seed=9)):
-        draft.set_reference(target.generate(prompt, max_new_tokens=72, do_sample=False), correct_levels)
-        expected = target.generate(prompt, max_new_tokens=64, do_sample=False)
-        got = target.generate(
-            prompt, max_new_tokens=64, do_sample=False, assistant_model=draft, tree_options={"budget": 3}
-        )
-        assert torch.equal(got, expected)
-    assert any(nodes < 5 and rows == 5 for nodes, rows in forwards)
-    assert all(rows == 5 for nodes, rows in forwards if nodes < 5)
-    assert all(rows == nodes for nodes, rows in forwards if nodes >= 5)
+    forwards = recorded_verify_forwards(monkeypatch)
+    assert_oracle_decoding_is_vanilla(target, draft, {"budget": 3})
+    assert any(nodes < 5 and rows == 5 for nodes, rows, _ in forwards)
+    assert all(rows == 5 for nodes, rows, _ in forwards if nodes < 5)
+    assert all(rows == nodes for nodes, rows, _ in forwards if nodes >= 5)

@@ -1,8 +1,8 @@
 """Choosing the tree budget per step from measured costs and acceptance; plain decoding when drafting loses.
 
 A DART step runs the target once over a tree of n nodes (cost f(n)) plus the draft, the tree search, the acceptance
-and the cache compaction (cost o, measured on recent steps), and commits tau(m) tokens on average for a tree
-budget m. Plain decoding commits one token per f(1). So:
+and the cache compaction (cost o(m)), and commits tau(m) tokens on average for a tree budget m. Plain decoding
+commits one token per f(1). So:
 
 - f is measured once per model, dtype, device and thread count (`calibrate_forward_costs`) and cached on disk:
   on a GPU f is nearly flat, on this project's 2-core CPU a 60-node tree costs over 2.5x one token.
@@ -11,7 +11,11 @@ budget m. Plain decoding commits one token per f(1). So:
 - f is the fastest of several runs at a 128-token context; during generation the context is longer and the
   machine busier, and not by the same factor for one token as for a tree. `ForwardTimings` keeps recent forwards'
   measured seconds as multiples of f, per kind of step, and decisions scale f by their medians.
-- `AdaptiveBudget` picks the m with the lowest cost per token, (o + f(m + 1)) / tau(m); when even that loses to
+- o(m) is the draft's forward for the min(m, draft length) levels a tree of budget m can reach, measured once per
+  draft (`calibrate_draft_costs`: on this project's CPU one level cost a third of eight), plus the rest of recent
+  steps' measured overhead. A single measured o, averaged over steps of any budget, priced a one-level drawn chain
+  with the eight-level probes' draft forwards, and at T=1 sent such chains to plain decoding.
+- `AdaptiveBudget` picks the m with the lowest cost per token, (o(m) + f(m + 1)) / tau(m); when even that loses to
   f(1), it decodes plainly and probes with a tree now and then to notice when drafting pays again. A probe costs
   its expected loss, tau(m) times the gap per token, so it waits for as many plain steps as keep probes' losses
   under `probe_share` of the plain decoding time: a tree that nearly pays is probed every few steps (so the
@@ -201,6 +205,50 @@ def calibrate_forward_costs(
     return costs
 
 
+@dataclass
+class DraftCosts:
+    """Seconds of one draft forward that drafts `levels` levels (`levels - 1` mask rows after the real rows), for
+    1 to `len(seconds)` (the draft length) levels. A step of budget m drafts min(m, draft length) levels: on this
+    project's CPU the shipped draft's forward took about 6 ms for one level and 17 ms for eight, a sixth of a
+    one-token target forward between a small budget and a large one."""
+
+    seconds: list[float]
+
+    def __call__(self, budget: int) -> float:
+        """Seconds of the draft forward of a step of `budget`."""
+        return self.seconds[min(budget, len(self.seconds)) - 1]
+
+
+@torch.no_grad()
+def calibrate_draft_costs(draft: torch.nn.Module, real_rows: int = 2, context_length: int = 64, repeats: int = 5):
+    """Time `draft`'s forward (a `DartDraftModel`) for 1 to its draft length levels, with `real_rows` new rows over a
+    `context_length`-row cache; the fastest of `repeats` runs per level count (well under a second on a CPU, so
+    measured once per draft object, not cached on disk)."""
+    config = draft.config
+    generator = torch.Generator().manual_seed(0)
+
+    def rows(count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        features = torch.randn(1, count, 3 * config.target_hidden_size, generator=generator)
+        input_ids = torch.randint(0, config.vocab_size, (1, count), generator=generator)
+        return features.to(draft.device), input_ids.to(draft.device)
+
+    cache = DynamicCache()
+    features, input_ids = rows(context_length)
+    draft(features, input_ids=input_ids, cache=cache, num_masks=0)
+    features, input_ids = rows(real_rows)
+    times = [[] for _ in range(config.draft_length)]
+    for repeat in range(repeats + 1):
+        for levels, level_times in enumerate(times, start=1):
+            _synchronize(draft.device)
+            start = time.perf_counter()
+            draft(features, input_ids=input_ids, cache=cache, num_masks=levels - 1)
+            _synchronize(draft.device)
+            if repeat > 0:  # the first round warms up
+                level_times.append(time.perf_counter() - start)
+            cache.crop(-(real_rows + levels - 1))
+    return DraftCosts([min(level_times) for level_times in times])
+
+
 def _synchronize(device: torch.device) -> None:
     if device.type != "cpu" and hasattr(torch, "accelerator"):
         torch.accelerator.synchronize(device)
@@ -295,7 +343,8 @@ class ForwardTimings:
 class AdaptiveBudget:
     """Per-step choice of the tree budget (0 = one plain decoding step), from `ForwardCosts` and the acceptance
     `history` (a deque of `StepRecord`, shared across `generate` calls so later calls start informed, the
-    measured overhead of a tree step included), the `lookup` evidence and the `timings` of recent forwards."""
+    measured overhead of a tree step included), the `lookup` evidence and the `timings` of recent forwards; with
+    `draft_costs`, each budget's overhead counts the draft forward of its own levels."""
 
     def __init__(
         self,
@@ -312,8 +361,10 @@ class AdaptiveBudget:
         timings: ForwardTimings | None = None,
         plain_run: int = 0,
         lost_probes: int = 0,
+        draft_costs: DraftCosts | None = None,
     ):
         self.costs = costs
+        self.draft_costs = draft_costs
         self.max_budget = max_budget
         self.history = history
         self.probe_share = probe_share
@@ -350,7 +401,10 @@ class AdaptiveBudget:
         """{budget m: (estimated tau(m), estimated seconds per committed token)} for the budgets with evidence."""
         if not self.history:
             return {}
-        overhead = float(np.mean([r.overhead_seconds for r in list(self.history)[-self.overhead_window :]]))
+        recent = list(self.history)[-self.overhead_window :]
+        draft_seconds = self.draft_costs or (lambda budget: 0.0)
+        # the recent steps' overhead besides the draft forward, plus the draft forward of each budget's levels
+        other_overhead = max(float(np.mean([r.overhead_seconds - draft_seconds(r.budget) for r in recent])), 0.0)
         record_budgets = np.array([r.budget for r in self.history])  # [R]
         depth = max(r.path_ranks.size for r in self.history)
         ranks = np.full((len(self.history), depth), np.iinfo(np.int64).max)  # [R, D], padded past each path
@@ -362,6 +416,7 @@ class AdaptiveBudget:
             if has_evidence.sum() < self.min_evidence:
                 continue
             tau = self.expected_tau((ranks[has_evidence] <= budget).sum(axis=1))
+            overhead = other_overhead + draft_seconds(budget)
             estimates[budget] = (tau, (overhead + float(forward_seconds)) / tau)
         return estimates
 

@@ -33,6 +33,7 @@ from .budget import (
     ForwardTimings,
     LookupEvidence,
     PolicyChoice,
+    calibrate_draft_costs,
     calibrate_forward_costs,
     calibration_key,
 )
@@ -329,7 +330,8 @@ def adaptive_budget(
 ) -> AdaptiveBudget | PolicyChoice:
     """The budget controller for one `generate` call in decoding `mode` (`decoding_mode`): the target's forward
     costs (calibrated once per model and machine for trees up to the largest of `max_budgets` or `max_chain`
-    lookup tokens, then memoised on the draft) and the draft's acceptance and lookup evidence and plain steps since
+    lookup tokens, then memoised on the draft), the draft's own forward costs per level (`calibrate_draft_costs`,
+    once per draft object) and the draft's acceptance and lookup evidence and plain steps since
     the last probe in that mode (`select_decoding_mode`), and its recent forward timings, shared across calls.
     One largest budget per tree policy: an `AdaptiveBudget` for one, a `PolicyChoice` between two (the drawn chain,
     then the deterministic tree), the second policy's acceptance kept apart (`_dart_second_policy_history`). The
@@ -345,6 +347,8 @@ def adaptive_budget(
     if key not in memo or memo[key].node_counts[-1] < max_nodes:
         memo[key] = calibrate_forward_costs(target, list(draft.config.feature_layers), max_nodes)
         draft._dart_forward_costs = memo
+    if getattr(draft, "_dart_draft_costs", None) is None:
+        draft._dart_draft_costs = calibrate_draft_costs(draft)
     lookup = _shared(draft, "_dart_lookup_evidence", LookupEvidence)
     timings = _shared(draft, "_dart_forward_timings", ForwardTimings)
     # probes are spaced over the decoding stream, not per call: a wait longer than one call's tokens still ends
@@ -356,6 +360,7 @@ def adaptive_budget(
         AdaptiveBudget(
             costs, max_budget, _shared(draft, name, lambda: deque(maxlen=64)),  # acceptance varies by text
             lookup=lookup, timings=timings, plain_run=plain_run, lost_probes=lost_probes,
+            draft_costs=draft._dart_draft_costs,
         )
         for name, max_budget in zip(("_dart_acceptance_history", "_dart_second_policy_history"), max_budgets)
     ]

@@ -3,10 +3,11 @@
 An `nn.Linear` computes x @ W.T for its input rows x `[M, K]`. For a handful of rows (a small tree), MKL's float32
 kernels on this project's 2-core CPU run that product far slower than the same product taken as (W @ x.T).T: for
 SmolLM2-135M at a 200-token context a whole forward over 4 tree nodes took 105 ms the usual way and 61 ms weight
-first, about what one token's forward takes, and 2 nodes 94 against 61 ms; from about 6 rows on, the usual way is
-as fast or faster (`benchmarks/bench_tree_forward.py --layouts`). Which layout is faster at each size is a property
-of the machine, so it is measured with the forward costs (`dart_hf.budget.calibrate_forward_costs`), and
-`forward_tree` takes the weight-major product at the sizes where it won.
+first, about what one token's forward takes (68 ms), and 2 nodes 94 against 61 ms; at 6, 13 or 25 nodes the usual
+way was faster (`benchmarks/HISTORY.md`; `benchmarks/bench_tree_forward.py --parts layouts` measures it). Which
+layout is faster at each size is a property of the machine, so it is measured with the forward costs
+(`dart_hf.budget.calibrate_forward_costs`), and `forward_tree` takes the weight-major product at the sizes where
+it won.
 
 Within `weight_major_linears(model)` the model's `nn.Linear` layers compute (W @ x.T).T, made contiguous (the
 modeling code views the output). The products are the same sums in another order: the outputs differ by rounding,
