@@ -80,6 +80,9 @@ def install_trace(draft) -> None:
 
 
 def summarise(steps: list[dict], dart_seconds: float, vanilla_seconds: float, new_tokens: int) -> dict:
+    """Per kind of step: its count, tokens, share of DART's time and gain over plain decoding (as a share of the
+    all-plain time, each token priced at the median plain step); per node count: the median forward against its
+    calibrated cost and against the median plain forward."""
     plain = [s for s in steps if s["kind"] == "plain"]
     if not plain:
         raise SystemExit("No plain steps in the trace to price the others against: trace more prompts.")
@@ -164,7 +167,8 @@ def main() -> None:
     print(json.dumps(summary, indent=2))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(args.out, lambda temporary: Path(temporary).write_text(json.dumps({"summary": summary, "steps": STEPS})))
+        trace = json.dumps({"summary": summary, "steps": STEPS})
+        write_atomically(args.out, lambda temporary: Path(temporary).write_text(trace))
 
 
 if __name__ == "__main__":
