@@ -48,25 +48,25 @@ DRAFT_NAME = "smollm2-135m-instruct-dart"
 MAX_LENGTH = 1024  # training sequences are cut here
 RESULTS = """Measured with `dart-hf bench --draft smollm2-135m-instruct-dart --prompts-per-set 20 --methods
 vanilla prompt_lookup dart_no_lookup dart` on a 2-core x86 CPU: greedy, float32, 20 prompts per set, 32 new
-tokens, every method interleaved prompt by prompt after an untimed warm-up (25 minutes; vanilla ran at 12.2
+tokens, every method interleaved prompt by prompt after an untimed warm-up (24 minutes; vanilla ran at 12.4
 tokens/s). Speedup is the total-time ratio over vanilla float32 `generate`, with its 95% bootstrap interval over
 the prompts; tau is tokens committed per verification (a drafted tree or a context-lookup chain); "plain" and
 "lookup" are the shares of steps that decoded without drafting and that verified a chain copied from earlier in
 the text. `dart_no_lookup` is the drafted trees alone. All 280 DART outputs were identical to vanilla's. The
-adaptive budget chose trees of 4 to 16 nodes: on that CPU's calibration a 4-node forward cost 1.40x a one-token
-one, an 8-node one 1.53x, a 16-node one 1.66x and a 3-node one 2.03x (costs used as measured; where a larger
-size measured cheaper, the tree grows to it). The version before read 1.20x and 1.22x overall on the same
-machine that day.
+adaptive budget chose 4-node trees on every set: on that CPU's calibration, with the tree forward's products
+taken weight first where that measured faster (dart-hf's `weight_major`), a 4-node forward cost 0.98x a
+one-token one and a 2-node one 0.86x (1.64x and 1.58x the usual way). The version before, with the usual
+layout, read 1.28x overall on another machine.
 
 """
 SAMPLED_RESULTS = """
 
 Sampling at T=1 (`dart-hf bench --draft smollm2-135m-instruct-dart --sample --prompts-per-set 20 --methods
-vanilla dart_drawn_only dart`, the same seed before every method, speedups in seconds per new token, 17 minutes;
-vanilla ran at 11.8 tokens/s): `dart_drawn_only` drafts chains of tokens drawn from the draft
+vanilla dart_drawn_only dart`, the same seed before every method, speedups in seconds per new token, 14 minutes;
+vanilla ran at 13.4 tokens/s): `dart_drawn_only` drafts chains of tokens drawn from the draft
 (`tree_sample_drafts` 0.7); `dart`, what this draft runs when sampling, also weighs DART's deterministic tree
-each step (`tree_compare_policies`), which it does on that CPU because a 17-node tree costs under two one-token
-forwards there.
+each step (`tree_compare_policies`) where a 17-node tree costs at most two one-token forwards; on that CPU's
+calibration it cost 2.11, so both columns drafted drawn chains alone and differ by the run's noise.
 
 """
 TRAINING = """Data (`data/smollm2/`): {data}
@@ -143,8 +143,11 @@ LIMITATIONS = """- Trained on a 2-core CPU with 4,920 general self-distilled rep
   decoding's speed overall (0.99x on CNN/DailyMail, where they decode plainly on 76% of the steps, 1.42-1.46x on
   MATH-500 and MBPP); context lookup, which the adaptive budget verifies instead of a tree when its measured
   acceptance pays, brings DART to 1.43x (HumanEval 1.96x), not the paper's 2-3x.
-- At T=1 a drawn chain accepts fewer tokens and DART decodes plainly on about half of the steps or more on
-  chat and news; see the T=1 table for where it stands per set.
+- At T=1 a drawn chain accepts fewer tokens (tau 1.38-1.53 on chat and GSM8K); DART read 1.33x overall there,
+  1.13x on CNN/DailyMail. In an A/B of the same version its controller decoded plainly on 48-79% of the steps
+  and three sets' intervals reached below 1.00x, until each budget was priced with its own levels' draft forward
+  (a later version): with either, the speedups are those of that CPU and its calibration, measured again on
+  each machine.
 """
 
 
