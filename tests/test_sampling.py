@@ -296,3 +296,24 @@ def test_switching_between_drawn_chains_and_trees_samples_the_exact_target_distr
     assert min(kinds["drawn"], kinds["tree"]) >= 0.4 * sum(kinds.values()), kinds
     statistic, critical = chi_square(observed, exact_joint(target, processors), SAMPLES)
     assert statistic < critical, (statistic, critical)
+
+
+def test_weight_major_forwards_sample_the_exact_target_distribution(target_and_draft, monkeypatch):
+    """Every verify forward run weight-major (`dart_hf.weight_major`; which sizes the adaptive budget runs so is
+    `test_budget.py`'s): drawn chains verified with those logits still sample the target's exact distribution."""
+    target, draft = target_and_draft
+    forward_tree, weight_major_forwards = dart_hf.generation.forward_tree, []
+
+    def weight_major_forward_tree(model, tree, cache, feature_layers, rows=None, weight_major=False):
+        weight_major_forwards.append(len(tree))
+        return forward_tree(model, tree, cache, feature_layers, rows, weight_major=True)
+
+    monkeypatch.setattr(dart_hf.generation, "forward_tree", weight_major_forward_tree)
+    kwargs, processors = SETTINGS["temperature"]
+    accepted = []
+    fixed_chains = dict(kwargs, assistant_model=draft, tree_options={"adaptive": False})
+    observed = sample_many(target, fixed_chains, accepted=accepted)
+    assert len(weight_major_forwards) >= SAMPLES
+    assert sum(length >= 2 for length in accepted) >= SAMPLES // 10  # drafted tokens were accepted, often
+    statistic, critical = chi_square(observed, exact_joint(target, processors), SAMPLES)
+    assert statistic < critical, (statistic, critical)
