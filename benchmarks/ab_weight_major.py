@@ -25,15 +25,15 @@ def main() -> None:
     prompts_per_set, max_new_tokens, out, sets, do_sample = ab_arguments(12)
     target, tokenizer = load_target("smollm2-135m-instruct")
     drafts = {name: load_draft("smollm2-135m-instruct-dart", target) for name in ("usual", "weight_major")}
-    calibrate = generation.calibrate_forward_costs
+    make_controller, calibrate = generation.adaptive_budget, generation.calibrate_forward_costs
+
+    def usual_layout_costs(*args, **kwargs):  # the same calibration, without the weight-major curve
+        return dataclasses.replace(calibrate(*args, **kwargs), weight_major_seconds=None)
+
     def adaptive_budget(draft, *args, **kwargs):  # the costs are memoised on each draft in its first call
-        usual = draft is drafts["usual"]
-        generation.calibrate_forward_costs = (
-            (lambda *a, **k: dataclasses.replace(calibrate(*a, **k), weight_major_seconds=None)) if usual else calibrate
-        )
+        generation.calibrate_forward_costs = usual_layout_costs if draft is drafts["usual"] else calibrate
         return make_controller(draft, *args, **kwargs)
 
-    make_controller = generation.adaptive_budget
     generation.adaptive_budget = adaptive_budget
     report(interleaved_speedups(target, tokenizer, drafts, prompts_per_set, max_new_tokens, sets, do_sample), out)
 
