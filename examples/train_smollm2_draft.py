@@ -139,15 +139,14 @@ LIMITATIONS = """- Trained on a 2-core CPU with 4,920 general self-distilled rep
   and Alpaca-style instructions), 6,127 replies to benchmark-like and open-ended prompts and 720 sampled replies
   to open-ended prompts: its agreement with the target (alpha_1 46% on the benchmark texts, 31-42% on news
   summaries, code completion and MT-Bench) is far below the paper's drafts (about 75%). With the tree forward's
-  products taken weight first on that CPU (dart-hf's `weight_major`), its drafted trees alone run at 1.23x plain
-  decoding's speed overall (0.99x on CNN/DailyMail, where they decode plainly on 76% of the steps, 1.42-1.46x on
+  products taken weight first on that CPU (dart-hf's `weight_major`), its drafted trees alone run at 1.28x plain
+  decoding's speed overall (1.04x on CNN/DailyMail, where they decode plainly on 19% of the steps, 1.42-1.62x on
   MATH-500 and MBPP); context lookup, which the adaptive budget verifies instead of a tree when its measured
-  acceptance pays, brings DART to 1.43x (HumanEval 1.96x), not the paper's 2-3x.
-- At T=1 a drawn chain accepts fewer tokens (tau 1.38-1.53 on chat and GSM8K); DART read 1.33x overall there,
-  1.13x on CNN/DailyMail. In an A/B of the same version its controller decoded plainly on 48-79% of the steps
-  and three sets' intervals reached below 1.00x, until each budget was priced with its own levels' draft forward
-  (a later version): with either, the speedups are those of that CPU and its calibration, measured again on
-  each machine.
+  acceptance pays, brings DART to 1.41x (HumanEval 2.00x), not the paper's 2-3x. At 32 new tokens the prompt's
+  prefill is about a fifth of vanilla's time and the same work for both.
+- At T=1 a drawn chain accepts fewer tokens (tau 1.32-1.52 on chat and GSM8K); DART read 1.32x overall there,
+  1.14x on CNN/DailyMail, every set's interval above 1.00x. The speedups are those of that CPU and its
+  calibration, measured again on each machine.
 """
 
 
