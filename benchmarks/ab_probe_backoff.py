@@ -17,7 +17,6 @@ prompt; greedy outputs are checked against vanilla's.
 mt-bench,cnn-dailymail, greedy) were run before the backing-off arm restarted its wait after a probe that won.
 """
 
-
 from _common import ab_arguments, interleaved_speedups, patch_controllers, report, tree_policies
 
 from dart_hf.budget import AdaptiveBudget, PolicyChoice

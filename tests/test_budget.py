@@ -10,14 +10,14 @@ from _helpers import FLAT_COSTS as FLAT, OracleDraft, force_costs, prompts, tiny
 from dart_hf import DartDraftModel
 from dart_hf import budget as budget_module
 from dart_hf.budget import (
-    DraftCosts,
-    calibrate_draft_costs,
     AdaptiveBudget,
+    DraftCosts,
     ForwardCosts,
     ForwardTimings,
     LookupEvidence,
     PolicyChoice,
     StepRecord,
+    calibrate_draft_costs,
     calibrate_forward_costs,
     calibration_key,
 )

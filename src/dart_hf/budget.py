@@ -220,7 +220,9 @@ class DraftCosts:
 
 
 @torch.no_grad()
-def calibrate_draft_costs(draft: torch.nn.Module, real_rows: int = 2, context_length: int = 64, repeats: int = 5):
+def calibrate_draft_costs(
+    draft: torch.nn.Module, real_rows: int = 2, context_length: int = 64, repeats: int = 5
+) -> DraftCosts:
     """Time `draft`'s forward (a `DartDraftModel`) for 1 to its draft length levels, with `real_rows` new rows over a
     `context_length`-row cache; the fastest of `repeats` runs per level count (well under a second on a CPU, so
     measured once per draft object, not cached on disk)."""
