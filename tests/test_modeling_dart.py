@@ -191,3 +191,134 @@ def test_sliding_window_targets_are_exact_inside_the_window_and_refused_beyond()
         assert torch.equal(target.generate(prompt, max_new_tokens=64, assistant_model=draft), expected)
     with pytest.raises(ValueError, match="sliding-window attention \\(window 256\\)"):
         target.generate(prompts(1)[0], max_new_tokens=200, assistant_model=draft)
+
+
+# ----- parity with the reference implementation's forward (fvliang/DART `LlamaForCausalLMDart` + `compute_logits`) --
+
+REF_HEAD_DIM, REF_THETA, REF_MASKS = 12, 1e6, 3  # head_dim != H / heads; the released config's draft_length = masks
+
+
+def reference_layout_weights(seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random weights in the released layout, small enough that float32 logits stay O(1), with non-unit norms."""
+    generator = torch.Generator().manual_seed(seed)
+    shapes = {
+        "fc.weight": (H, 3 * H),
+        "midlayer.self_attn.q_proj.weight": (HEADS * REF_HEAD_DIM, 2 * H),
+        "midlayer.self_attn.k_proj.weight": (KV_HEADS * REF_HEAD_DIM, 2 * H),
+        "midlayer.self_attn.v_proj.weight": (KV_HEADS * REF_HEAD_DIM, 2 * H),
+        "midlayer.self_attn.o_proj.weight": (H, HEADS * REF_HEAD_DIM),
+        "midlayer.mlp.gate_proj.weight": (INTER, H),
+        "midlayer.mlp.up_proj.weight": (INTER, H),
+        "midlayer.mlp.down_proj.weight": (H, INTER),
+        "lm_head.weight": (DRAFT_VOCAB, H),
+    }
+    weights = {name: 0.15 * torch.randn(shape, generator=generator) for name, shape in shapes.items()}
+    for name in ("midlayer.input_layernorm", "midlayer.hidden_norm", "midlayer.post_attention_layernorm", "norm"):
+        weights[f"{name}.weight"] = 1.0 + 0.5 * torch.randn(H, generator=generator)
+    weights["midlayer.mask_rep"] = torch.randn(2 * H, generator=generator)
+    d2t = torch.arange(DRAFT_VOCAB) * (VOCAB_SIZE // DRAFT_VOCAB) - torch.arange(DRAFT_VOCAB)
+    weights["d2t"] = d2t
+    weights["t2d"] = torch.zeros(VOCAB_SIZE, dtype=torch.bool).index_fill_(0, torch.arange(DRAFT_VOCAB) + d2t, True)
+    return weights
+
+
+def reference_forward(w, embedding, features, next_ids, past=None, eps=1e-6):
+    """The reference's draft forward, written from its formula: fc -> [norm(emb), norm(g)] + REF_MASKS mask rows ->
+    causal GQA attention with RoPE (theta REF_THETA) over past + new rows -> residual -> keep the last REF_MASKS + 1
+    rows -> SwiGLU MLP -> final norm (in the forward) -> norm again and lm_head (`compute_logits`).
+    features `[T, 3H]`, next_ids `[T]`; past: (keys, values) of earlier real rows. Returns (logits `[M+1, V_d]`,
+    (keys, values) with this call's real rows appended)."""
+
+    def rms(x, weight):
+        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+    def rope(x, positions):  # x [heads, S, d]
+        inv_freq = 1.0 / REF_THETA ** (torch.arange(0, REF_HEAD_DIM, 2, dtype=torch.float32) / REF_HEAD_DIM)
+        angles = positions[:, None].float() * inv_freq[None]
+        cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+        half = REF_HEAD_DIM // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
+        return x * cos + rotated * sin
+
+    num_real = features.shape[0]
+    past_len = 0 if past is None else past[0].shape[1]
+    g = features @ w["fc.weight"].T
+    x = torch.cat([rms(embedding[next_ids], w["midlayer.input_layernorm.weight"]),
+                   rms(g, w["midlayer.hidden_norm.weight"])], -1)
+    x = torch.cat([x, w["midlayer.mask_rep"].expand(REF_MASKS, -1)])
+    residual = torch.cat([g, w["midlayer.mask_rep"][:H].expand(REF_MASKS, -1)])
+    seq = x.shape[0]
+    positions = torch.arange(past_len, past_len + seq)
+    q = rope((x @ w["midlayer.self_attn.q_proj.weight"].T).view(seq, HEADS, REF_HEAD_DIM).transpose(0, 1), positions)
+    k = rope((x @ w["midlayer.self_attn.k_proj.weight"].T).view(seq, KV_HEADS, REF_HEAD_DIM).transpose(0, 1), positions)
+    v = (x @ w["midlayer.self_attn.v_proj.weight"].T).view(seq, KV_HEADS, REF_HEAD_DIM).transpose(0, 1)
+    if past is not None:
+        k, v = torch.cat([past[0], k], 1), torch.cat([past[1], v], 1)
+    new_past = (k[:, : past_len + num_real], v[:, : past_len + num_real])  # the mask rows are dropped
+    k, v = k.repeat_interleave(HEADS // KV_HEADS, 0), v.repeat_interleave(HEADS // KV_HEADS, 0)
+    scores = q @ k.transpose(1, 2) / REF_HEAD_DIM**0.5
+    blocked = torch.arange(past_len + seq)[None, :] > positions[:, None]
+    scores = scores.masked_fill(blocked, float("-inf"))
+    attended = (scores.softmax(-1) @ v).transpose(0, 1).reshape(seq, HEADS * REF_HEAD_DIM)
+    hidden = (residual + attended @ w["midlayer.self_attn.o_proj.weight"].T)[-(REF_MASKS + 1):]
+    normed = rms(hidden, w["midlayer.post_attention_layernorm.weight"])
+    gate, up = normed @ w["midlayer.mlp.gate_proj.weight"].T, normed @ w["midlayer.mlp.up_proj.weight"].T
+    hidden = hidden + (torch.nn.functional.silu(gate) * up) @ w["midlayer.mlp.down_proj.weight"].T
+    hidden = rms(hidden, w["norm.weight"])  # LlamaForCausalLMDart.forward
+    return rms(hidden, w["norm.weight"]) @ w["lm_head.weight"].T, new_past  # compute_logits
+
+
+def test_released_layout_draft_computes_the_reference_logits(tmp_path):
+    weights = reference_layout_weights()
+    config = {
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": H, "intermediate_size": INTER,
+        "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "head_dim": REF_HEAD_DIM,
+        "num_hidden_layers": 1, "rms_norm_eps": 1e-6, "rope_theta": REF_THETA, "vocab_size": VOCAB_SIZE,
+        "draft_vocab_size": DRAFT_VOCAB, "draft_length": REF_MASKS, "target_hidden_size": H,
+        "max_position_embeddings": 1024, "torch_dtype": "float32",
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    save_file(weights, str(tmp_path / "model.safetensors"))
+    target = tiny_target("qwen3", seed=4)
+    draft = DartDraftModel.from_pretrained(tmp_path, target=target)
+    assert draft.config.double_final_norm and draft.config.draft_length == REF_MASKS + 1
+    embedding = target.get_input_embeddings().weight.detach()
+    generator = torch.Generator().manual_seed(1)
+    features = torch.randn(9, 3 * H, generator=generator)
+    next_ids = torch.randint(0, VOCAB_SIZE, (9,), generator=generator)
+
+    with torch.no_grad():
+        one_pass = draft(features[None], input_ids=next_ids[None]).logits[0]
+        expected, _ = reference_forward(weights, embedding, features, next_ids)
+        torch.testing.assert_close(one_pass, expected, rtol=0, atol=1e-5)
+
+        # two cached decoding steps (the draft's mask rows cropped after each), against the reference's cached
+        # steps and against recomputing the whole sequence from scratch
+        cache, past = DynamicCache(), None
+        for rows in (slice(0, 5), slice(5, 9)):
+            step = draft(features[None, rows], input_ids=next_ids[None, rows], cache=cache).logits[0]
+            cache.crop(-REF_MASKS)
+            expected, past = reference_forward(weights, embedding, features[rows], next_ids[rows], past)
+            torch.testing.assert_close(step, expected, rtol=0, atol=1e-5)
+        from_scratch, _ = reference_forward(weights, embedding, features, next_ids)
+        torch.testing.assert_close(step, from_scratch, rtol=0, atol=1e-5)
+
+
+def test_the_double_norm_is_the_released_layout_only(tmp_path):
+    """dart-hf's own drafts keep one final norm (their measured acceptance must not move); a released-layout draft
+    saved by dart-hf keeps the reference's forward when loaded back."""
+    target = tiny_target("llama")
+    assert not DartDraftModel.from_target(target).config.double_final_norm
+    import dart_hf.drafts
+    shipped_folder = os.path.join(os.path.dirname(dart_hf.drafts.__file__), "smollm2_135m_instruct")
+    shipped = json.loads(open(os.path.join(shipped_folder, "config.json")).read())
+    assert not shipped.get("double_final_norm", False)
+    (tmp_path / "released").mkdir()
+    write_released_checkpoint(tmp_path / "released", released_state_dict())
+    draft = DartDraftModel.from_pretrained(tmp_path / "released", target=tiny_target("qwen3"))
+    draft.save_pretrained(tmp_path / "saved")
+    loaded = DartDraftModel.from_pretrained(tmp_path / "saved", target=tiny_target("qwen3"))
+    assert loaded.config.double_final_norm and loaded.config.draft_length == draft.config.draft_length
+    features, ids = torch.randn(1, 4, 3 * H), torch.randint(0, VOCAB_SIZE, (1, 4))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(features, input_ids=ids).logits, draft(features, input_ids=ids).logits)

@@ -39,9 +39,12 @@ def test_layout_equals_brute_force(num_prefix, anchors, num_masks):
     assert torch.equal(layout.attention, attention)
 
 
-def test_prefix_shared_forward_equals_one_forward_per_anchor():
+@pytest.mark.parametrize("double_final_norm", [False, True])  # True: a released draft trained from (--init_draft)
+def test_prefix_shared_forward_equals_one_forward_per_anchor(double_final_norm):
     target = tiny_target("llama", dtype=torch.float64)
-    draft = DartDraftModel.from_target(target, feature_norm=True)
+    draft = DartDraftModel.from_target(target, feature_norm=True, double_final_norm=double_final_norm)
+    if double_final_norm:  # non-unit norm weights, so that norming twice is another function than norming once
+        torch.nn.init.normal_(draft.norm.weight, mean=1.0, std=0.5)
     generator = torch.Generator().manual_seed(0)
     features = torch.randn(1, 10, 96, generator=generator, dtype=torch.float64)
     next_ids = torch.randint(0, 128, (1, 10), generator=generator)

@@ -55,6 +55,12 @@ class DartCandidateGenerator(CandidateGenerator):
         self.chain_length = 0  # tokens proposed for the step being verified
         self.stats = DartStats()  # verify_steps, accepted_lengths (bonus token included) and tau, as the tree path
 
+    @property
+    def num_drafting_tokens(self) -> int:
+        """The most tokens one step proposes (Transformers 5.25's `_assisted_decoding` sizes the target cache's
+        past recording, `activate_past_recording(recurrent_states_to_keep=...)`, with it)."""
+        return self.draft.config.draft_length
+
     @torch.no_grad()
     def get_candidates(
         self,

@@ -21,6 +21,12 @@ class DartConfig(PreTrainedConfig):
     indices of the target (0 = embeddings, i + 1 = output of decoder layer i); `None` picks `[2, L // 2, L - 3]`
     for an L-layer target when the draft is bound.
 
+    `double_final_norm` applies the final RMSNorm twice before the head, `lm_head(norm(norm(h)))`, as the reference
+    implementation's inference does for the released drafts (its forward ends with the norm and its logits
+    function norms again); with trained, non-unit norm weights that is another function than `lm_head(norm(h))`,
+    and the released drafts were tuned for it. [`DartConfig.from_llama_dict`] sets it; drafts trained here leave it
+    off.
+
     Training-side options (SPEC section 6): `feature_norm` adds one RMSNorm per feature layer before `fc` (target
     layers differ in scale by an order of magnitude; off in the released drafts, which have no such weights);
     `feature_dropout` drops target features while training; `mask_rep_init_std` is the initial scale of `mask_rep`.
@@ -67,6 +73,7 @@ class DartConfig(PreTrainedConfig):
     eos_token_id: int | list[int] | None = None
     draft_length: int = 8
     feature_layers: list[int] | None = None
+    double_final_norm: bool = False
     feature_norm: bool = False
     feature_dropout: float = 0.0
     mask_rep_init_std: float = 1.0
@@ -135,7 +142,10 @@ class DartConfig(PreTrainedConfig):
     @classmethod
     def from_llama_dict(cls, config_dict: dict[str, Any]) -> DartConfig:
         """Translate the plain Llama config of a released DART draft (`"model_type": "llama"` plus
-        `draft_length`, `draft_vocab_size` and optionally `target_hidden_size`) into a `DartConfig`."""
+        `draft_length`, `draft_vocab_size` and optionally `target_hidden_size`) into a `DartConfig` that computes
+        the reference implementation's logits: the reference appends `draft_length` mask rows and keeps
+        `draft_length + 1` rows of logits, where this config's `draft_length` counts the logit rows; and it applies
+        the final norm twice (`double_final_norm`)."""
         known = set(cls.__dataclass_fields__)
         translated = {key: value for key, value in config_dict.items() if key in known}
         for legacy in ("rope_theta", "rope_scaling"):
@@ -145,4 +155,6 @@ class DartConfig(PreTrainedConfig):
         translated.pop("architectures", None)
         translated.pop("transformers_version", None)
         translated["num_hidden_layers"] = 1
+        translated["draft_length"] = config_dict.get("draft_length", cls.draft_length - 1) + 1
+        translated["double_final_norm"] = True
         return cls(**translated)

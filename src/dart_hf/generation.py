@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -112,7 +111,8 @@ def dart_generate(
 ) -> GenerateDecoderOnlyOutput | torch.LongTensor:
     """DART tree decoding, called by `generate` as a `custom_generate` function (greedy or sampling, batch size 1).
 
-    dart_draft: a `DartDraftModel` bound to `model`.
+    dart_draft: a `DartDraftModel` that fits `model` (bound to it, or to a model of the same shape: a copy, a
+        fine-tune); it drafts with `model`'s embeddings for this call.
     dart_streamer: the user's streamer (`generate` drops `streamer` for custom functions; the router renames it).
     tree_policy: builds each tree from the draft logits; default: the draft config's policy (`tree_*` fields).
     tree_options: per-call overrides of the config's tree fields, named without the `tree_` prefix
@@ -131,8 +131,33 @@ def dart_generate(
     fewer occurred earlier, up to `lookup_length` tokens that followed them, verified as a chain instead of a
     drafted tree when their measured acceptance makes that the fastest step (`lookup_length=0` turns it off).
     """
-    draft = _checked_draft(dart_draft, model)
-    streamer = dart_streamer if dart_streamer is not None else streamer
+    draft = _checked_draft(dart_draft)
+    with draft.generating_with(model):
+        return _decode(
+            model, draft, input_ids, logits_processor, stopping_criteria, generation_config,
+            dart_streamer if dart_streamer is not None else streamer, forward_streamer=dart_streamer is not None,
+            tree_policy=tree_policy, tree_options=tree_options, tree_budget=tree_budget, tree_top_k=tree_top_k,
+            **model_kwargs,
+        )
+
+
+def _decode(
+    model: PreTrainedModel,
+    draft: DartDraftModel,
+    input_ids: torch.LongTensor,
+    logits_processor: LogitsProcessorList,
+    stopping_criteria: StoppingCriteriaList,
+    generation_config: GenerationConfig,
+    streamer,
+    forward_streamer: bool,
+    tree_policy: TreePolicy | None,
+    tree_options: dict | None,
+    tree_budget: int | None,
+    tree_top_k: int | None,
+    **model_kwargs,
+) -> GenerateDecoderOnlyOutput | torch.LongTensor:
+    """The decode loop of `dart_generate`, with `draft` bound to `model`. forward_streamer: the streamer was
+    forwarded by the router (it then also receives the prompt, as `generate` gives it to its own streamers)."""
     _check_generation_options(input_ids, generation_config)
     config = draft.config
     options = dict(tree_options or {})
@@ -162,7 +187,7 @@ def dart_generate(
     _check_sliding_window(cache, generation_config.max_length, max(*max_budgets, lookup_length))
 
     pad_prefix, input_ids = _strip_left_padding(input_ids, model_kwargs.get("attention_mask"))
-    if streamer is not None and dart_streamer is not None:
+    if streamer is not None and forward_streamer:
         streamer.put(torch.cat([pad_prefix, input_ids], dim=-1).cpu())
     stats = DartStats()
     draft.stats = stats
@@ -461,18 +486,36 @@ def sampled_chain_policy(
     )
 
 
-def install_generate_router(target: PreTrainedModel) -> None:
-    """Replace `target.generate` on this instance with a router: an `assistant_model` that is a `DartDraftModel`
-    goes to `dart_generate` (through `generate`'s own preparation), or with `dart_chain=True` to Transformers' own
-    assisted decoding fed by `DartCandidateGenerator`; everything else goes to `generate` unchanged."""
-    if getattr(target.generate, "_dart_router", False):
-        return
-    original_generate = target.generate
+class GenerateRouter:
+    """`target.generate` after `draft.bind(target)`: an `assistant_model` that is a `DartDraftModel` goes to
+    `dart_generate` (through `generate`'s own preparation), or with `dart_chain=True` to Transformers' own assisted
+    decoding fed by `DartCandidateGenerator`; everything else goes to the model's own `generate` unchanged.
 
-    @functools.wraps(original_generate)
-    def generate(*args, assistant_model=None, **kwargs):
+    It holds its model by reference, as an attribute rather than a closure, so that `copy.deepcopy(model)` and
+    pickling give the copy a router of the copy (a closure over the original's bound `generate` would make the copy
+    generate with the original's weights). `previous` is an instance-level `generate` it replaced (None: the
+    class's)."""
+
+    def __init__(self, model: PreTrainedModel, previous=None):
+        self.model = model
+        self.previous = previous
+
+    def __reduce__(self):
+        return type(self), (self.model, self.previous)
+
+    @property
+    def __wrapped__(self):  # `inspect.signature` and `help` see the model's own `generate`
+        return self.own_generate
+
+    @property
+    def own_generate(self):
+        """The model's `generate` without DART routing, bound to the model."""
+        return self.previous if self.previous is not None else type(self.model).generate.__get__(self.model)
+
+    def __call__(self, *args, assistant_model=None, **kwargs):
+        generate = self.own_generate
         if not isinstance(assistant_model, DartDraftModel):
-            return original_generate(*args, assistant_model=assistant_model, **kwargs)
+            return generate(*args, assistant_model=assistant_model, **kwargs)
         if kwargs.get("custom_generate") is not None:
             raise ValueError("Pass either `assistant_model=<DART draft>` or `custom_generate=`, not both.")
         if kwargs.pop("dart_chain", False):  # Transformers' own assisted decoding, with DART's chain candidates
@@ -481,21 +524,40 @@ def install_generate_router(target: PreTrainedModel) -> None:
             tree_options = dict(kwargs.pop("tree_options", None) or {})
             for option in DECODING_OPTIONS:
                 tree_options.pop(option, None)
-            generation_config = kwargs.get("generation_config") or target.generation_config
+            generation_config = kwargs.get("generation_config") or self.model.generation_config
             eos = kwargs.get("eos_token_id", generation_config.eos_token_id)
             policy = build_tree_policy(assistant_model, eos_token_id=eos, **tree_options)
-            with dart_candidate_generator(target, assistant_model, policy):
-                return original_generate(*args, assistant_model=assistant_model, **kwargs)
+            with assistant_model.generating_with(self.model), dart_candidate_generator(
+                self.model, assistant_model, policy
+            ):
+                return generate(*args, assistant_model=assistant_model, **kwargs)
         # `generate` drops `streamer` and `tokenizer` for custom functions: forward the streamer under another
         # name, and turn `stop_strings` (which needs the tokenizer) into a stopping criterion here
         streamer = kwargs.pop("streamer", None)
         _move_stop_strings_to_criteria(kwargs)
-        return original_generate(
+        return generate(
             *args, custom_generate=dart_generate, dart_draft=assistant_model, dart_streamer=streamer, **kwargs
         )
 
-    generate._dart_router = True
-    target.generate = generate
+
+def install_generate_router(target: PreTrainedModel) -> None:
+    """Route `target.generate(..., assistant_model=<DART draft>)` to DART (`GenerateRouter`); idempotent."""
+    current = vars(target).get("generate")
+    if isinstance(current, GenerateRouter) and current.model is target:
+        return
+    if isinstance(current, GenerateRouter):  # copied onto another instance by hand: route for this one
+        current = current.previous
+    target.generate = GenerateRouter(target, previous=current)
+
+
+def remove_generate_router(target: PreTrainedModel) -> None:
+    """Give `target` back the `generate` it had before `install_generate_router`."""
+    current = vars(target).get("generate")
+    if not isinstance(current, GenerateRouter):
+        return
+    del target.generate
+    if current.previous is not None:
+        target.generate = current.previous
 
 
 def _move_stop_strings_to_criteria(kwargs: dict) -> None:
@@ -518,17 +580,12 @@ def _move_stop_strings_to_criteria(kwargs: dict) -> None:
     kwargs["stopping_criteria"] = criteria
 
 
-def _checked_draft(draft: DartDraftModel | None, target: PreTrainedModel) -> DartDraftModel:
+def _checked_draft(draft: DartDraftModel | None) -> DartDraftModel:
     if not isinstance(draft, DartDraftModel):
         raise ValueError(
             "dart_generate needs the draft: call `target.generate(..., custom_generate=dart_generate, "
             "dart_draft=draft)` with a DartDraftModel, or `target.generate(..., assistant_model=draft)` after "
             f"`draft.bind(target)`. Got dart_draft={type(draft).__name__}."
-        )
-    if draft.target is not target:
-        raise ValueError(
-            "This DART draft is bound to a different target model than the one generating. "
-            "Call `draft.bind(target)` for the model you generate with."
         )
     return draft
 

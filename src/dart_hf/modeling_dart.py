@@ -6,6 +6,7 @@ V target vocabulary, V_d draft vocabulary, D = draft_length - 1.
 The draft knows nothing of trees or decoding: it maps target features and next-token ids to logits.
 """
 
+import contextlib
 import importlib
 import os
 from dataclasses import dataclass
@@ -346,12 +347,38 @@ class DartDraftModel(DartPreTrainedModel):
 
     def bind(self, target: PreTrainedModel) -> "DartDraftModel":
         """Attach `target`: check that it fits this draft, and route `target.generate(..., assistant_model=self)`
-        to DART tree decoding. The target is held by reference, never as a submodule (it is not saved)."""
-        # Imported by name at call time rather than with `from .generation import ...`: a saved draft carries a
-        # copy of this file for `trust_remote_code`, and Transformers copies every `from .x import` it finds;
-        # the decoding stack (with its kernels subpackage, which that copy cannot follow) must stay out of it.
-        install_generate_router = importlib.import_module(f"{__package__}.generation").install_generate_router
+        to DART tree decoding. The target is held by reference, never as a submodule (it is not saved). Binding
+        again, or to another target, is allowed; a model once bound keeps its routing until `unbind`."""
+        self.check_target(target)
+        self._bound_target = (target,)
+        self._generation_module().install_generate_router(target)
+        return self
 
+    def unbind(self) -> "DartDraftModel":
+        """Detach the bound target and give it back its own `generate` (no DART routing)."""
+        if self._bound_target:
+            self._generation_module().remove_generate_router(self._bound_target[0])
+        self._bound_target = ()
+        return self
+
+    @contextlib.contextmanager
+    def generating_with(self, model: PreTrainedModel):
+        """Within this block the draft runs with `model` as its target (its embeddings): the model that generates,
+        which may be the bound target, a copy of it or any model the draft fits. The binding is restored after."""
+        if self._bound_target and self._bound_target[0] is model:
+            yield self
+            return
+        self.check_target(model)
+        bound = self._bound_target
+        self._bound_target = (model,)
+        try:
+            yield self
+        finally:
+            self._bound_target = bound
+
+    def check_target(self, target: PreTrainedModel) -> None:
+        """Raise a ValueError naming the mismatch if `target` cannot run with this draft (hidden size, vocabulary,
+        layer count, cache layer types, vocabulary mapping); fill `feature_layers` from it where unset."""
         text_config = target.config.get_text_config()
         if target.config.is_encoder_decoder:
             raise ValueError("DART drafts need a decoder-only target; got an encoder-decoder model.")
@@ -375,9 +402,12 @@ class DartDraftModel(DartPreTrainedModel):
             )
         check_cache_layers(target)
         self.check_vocab_mapping()
-        self._bound_target = (target,)
-        install_generate_router(target)
-        return self
+
+    def _generation_module(self):
+        # Imported by name at call time rather than with `from .generation import ...`: a saved draft carries a
+        # copy of this file for `trust_remote_code`, and Transformers copies every `from .x import` it finds;
+        # the decoding stack (with its kernels subpackage, which that copy cannot follow) must stay out of it.
+        return importlib.import_module(f"{__package__}.generation")
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Target input embeddings of `input_ids` `[B, T]` -> `[B, T, H]` (frozen, taken from the bound target)."""
@@ -454,7 +484,10 @@ class DartDraftModel(DartPreTrainedModel):
         elif logits_to_keep > 0:
             hidden = hidden[:, -logits_to_keep:]
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        logits = self.lm_head(self.norm(hidden))
+        hidden = self.norm(hidden)
+        if self.config.double_final_norm:  # the released drafts' reference inference norms twice
+            hidden = self.norm(hidden)
+        logits = self.lm_head(hidden)
         return DartDraftOutput(logits=logits, cache=cache)
 
 
