@@ -15,7 +15,6 @@ import torch
 from dart_hf import generation
 from dart_hf.bench import BENCHMARK_SETS, bootstrap_interval, chat_inputs, speedup
 from dart_hf.files import write_atomically
-from dart_hf.generation import swap_controller_state
 from dart_hf.prompts import load_prompts
 from dart_hf.training.trainer import greedy_agreement
 
@@ -86,7 +85,7 @@ def interleaved_speedups(
     for run in runs.values():
         run(chat_inputs(tokenizer, "Say hello."))  # untimed warm-up (and the one-time calibration)
     for draft in drafts.values():
-        swap_controller_state(draft, {})  # the warm-up's evidence is not the benchmark text's
+        draft.controller_state.reset()  # the warm-up's evidence is not the benchmark text's
 
     results, all_seconds, all_tokens = {}, {name: [] for name in runs}, {name: [] for name in runs}
     all_hits, all_rows = dict.fromkeys(drafts, 0), dict.fromkeys(drafts, 0)

@@ -23,7 +23,6 @@ import torch
 from dart_hf import budget
 from dart_hf.bench import chat_inputs
 from dart_hf.files import write_atomically
-from dart_hf.generation import swap_controller_state
 from dart_hf.prompts import load_prompts
 from dart_hf.zoo import load_draft, load_target
 
@@ -142,7 +141,7 @@ def main() -> None:
     warm_up = chat_inputs(tokenizer, "Say hello.")
     target.generate(**warm_up, **options)
     target.generate(**warm_up, **options, assistant_model=draft)  # and the one-time calibration
-    swap_controller_state(draft, {})
+    draft.controller_state.reset()
     install_trace(draft)
 
     seconds = {"vanilla": 0.0, "dart": 0.0}

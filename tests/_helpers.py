@@ -13,7 +13,7 @@ from transformers import (
 )
 
 from dart_hf import DartDraftModel
-from dart_hf.budget import ForwardCosts, ForwardTimings, calibration_key
+from dart_hf.budget import ForwardCosts
 from dart_hf.modeling_dart import DartDraftOutput
 
 VOCAB_SIZE = 128
@@ -90,8 +90,7 @@ class OracleDraft(DartDraftModel):
         return DartDraftOutput(logits=logits, cache=output.cache)
 
 
-def force_costs(draft: DartDraftModel, target: PreTrainedModel, costs: ForwardCosts) -> None:
-    """Give the draft these forward costs for `target` instead of a timed calibration, and keep them as they are
-    (no scaling by the measured forwards, which would bring the real timings back)."""
-    draft._dart_forward_costs = {calibration_key(target): costs}
-    draft._dart_forward_timings = ForwardTimings(window=0)
+def force_costs(draft: DartDraftModel, costs: ForwardCosts) -> None:
+    """Pin the draft's controller to these target forward costs and a free draft forward, with steps timed as
+    taking no overhead (`ControllerState.pin`): its decisions then depend on the text alone, not on this machine."""
+    draft.controller_state.pin(costs)

@@ -65,14 +65,14 @@ def test_each_dart_method_keeps_its_own_evidence_and_the_warm_up_leaves_none(mon
     monkeypatch.setattr(bench, "load_prompts", lambda name, limit: [f"{name} prompt {i}" for i in range(limit)])
     target = tiny_target("llama", seed=3)
     draft = DartDraftModel.from_target(target)
-    seen = []  # (method, the acceptance history object, its length) at the start of every DART call
+    seen = []  # (method, its evidence object, how many verified steps it holds) at the start of every DART call
     generate = target.generate
 
     def recording_generate(*args, **kwargs):
         if "assistant_model" in kwargs:
-            history = getattr(draft, "_dart_acceptance_history", None)
+            evidence = draft.controller_state.evidence
             method = "dart_no_lookup" if kwargs["tree_options"].get("lookup_length") == 0 else "dart"
-            seen.append((method, id(history) if history is not None else None, len(history or ())))
+            seen.append((method, evidence, len(evidence.current.acceptance)))
         return generate(*args, **kwargs)
 
     monkeypatch.setattr(target, "generate", recording_generate)
@@ -81,12 +81,14 @@ def test_each_dart_method_keeps_its_own_evidence_and_the_warm_up_leaves_none(mon
         methods=["vanilla", "dart_no_lookup", "dart"],
     )
     warm_up, timed = seen[:2], seen[2:]
-    assert [entry[1] for entry in warm_up] == [None, None]  # each method's warm-up starts from nothing
-    assert [entry[1:] for entry in timed[:2]] == [(None, 0), (None, 0)]  # ... and so does its first timed call
-    histories = {method: {history for name, history, _ in timed[2:] if name == method}
-                 for method in ("dart", "dart_no_lookup")}
-    assert all(len(ids) == 1 for ids in histories.values())  # one history per method, kept across prompts
-    assert histories["dart"] != histories["dart_no_lookup"]
+    assert [length for _, _, length in warm_up] == [0, 0]  # each method's warm-up starts from nothing
+    assert [length for _, _, length in timed[:2]] == [0, 0]  # ... and so does its first timed call
+    timed_evidence = {method: [evidence for name, evidence, _ in timed if name == method]
+                      for method in ("dart", "dart_no_lookup")}
+    for method, evidence in timed_evidence.items():
+        assert all(e is evidence[0] for e in evidence), method  # one evidence per method, kept across prompts
+        assert not any(evidence[0] is e for _, e, _ in warm_up), method  # not the warm-up's
+    assert timed_evidence["dart"][0] is not timed_evidence["dart_no_lookup"][0]
     assert all(length > 0 for _, _, length in timed[2:])
 
 

@@ -349,7 +349,7 @@ def test_the_tree_is_weighed_beside_drawn_chains_only_where_wide_trees_are_cheap
     draft = DartDraftModel.from_target(target)
     this_cpu = ForwardCosts([1, 3, 9, 17, 65], [0.0332, 0.0363, 0.0613, 0.0746, 0.12])  # SmolLM2 on this CPU
     for costs, weighed in ((FLAT, True), (MODERATE, False), (this_cpu, False)):
-        force_costs(draft, target, costs)
+        force_costs(draft, costs)
         controller = adaptive_budget(draft, target, [8, 60], mode=("sample", 1.0))
         assert isinstance(controller, PolicyChoice) == weighed  # a 17-node tree against two one-token forwards
         assert controller.arm == 0
@@ -454,7 +454,7 @@ def test_calibration_measures_both_layouts_and_keeps_each_on_disk(tmp_path, monk
 def test_plain_fallback_is_lossless_greedy_and_engages():
     target = tiny_target("qwen3", seed=3)
     draft = DartDraftModel.from_target(target)  # untrained: nothing is accepted
-    force_costs(draft, target, STEEP)
+    force_costs(draft, STEEP)
     for prompt in prompts(3, seed=4):
         expected = target.generate(prompt, max_new_tokens=48, do_sample=False)
         got = target.generate(prompt, max_new_tokens=48, do_sample=False, assistant_model=draft)
@@ -469,8 +469,9 @@ def test_plain_fallback_is_lossless_greedy_and_engages():
 def test_the_wait_between_probes_spans_generate_calls():
     target = tiny_target("llama", seed=7)
     draft = DartDraftModel.from_target(target)
-    force_costs(draft, target, STEEP)
-    draft._dart_acceptance_history = history_of([(60, [])] * 8)  # known to lose: a probe after 34 plain steps
+    force_costs(draft, STEEP)
+    known_to_lose = history_of([(60, [])] * 8)  # known to lose: a probe after 34 plain steps
+    draft.controller_state.evidence.current.acceptance.extend(known_to_lose)
     probes = []
     for prompt in prompts(4, seed=8):  # 11 decoding steps per call: no single call is long enough to probe
         expected = target.generate(prompt, max_new_tokens=12, do_sample=False)
@@ -484,22 +485,24 @@ def test_the_probes_backing_off_spans_generate_calls():
 
     target = tiny_target("llama", seed=7)
     draft = DartDraftModel.from_target(target)
-    force_costs(draft, target, STEEP)
-    draft._dart_acceptance_history = history_of([(60, [])] * 8)  # known to lose: a probe after 34 plain steps
-    draft._dart_plain_run, draft._dart_lost_probes = 30, 2  # but two probes in a row lost: 128 steps
+    force_costs(draft, STEEP)
+    evidence = draft.controller_state.evidence.current
+    evidence.acceptance.extend(history_of([(60, [])] * 8))  # known to lose: a probe after 34 plain steps
+    evidence.plain_run, evidence.lost_probes = 30, 2  # but two probes in a row lost: 128 steps
     for prompt in prompts(2, seed=8):
         expected = target.generate(prompt, max_new_tokens=12, do_sample=False)
         assert torch.equal(target.generate(prompt, max_new_tokens=12, do_sample=False, assistant_model=draft), expected)
         assert draft.stats.verify_steps == 0
-    assert (draft._dart_plain_run, draft._dart_lost_probes) == (30 + 2 * 11, 2)
+    assert (evidence.plain_run, evidence.lost_probes) == (30 + 2 * 11, 2)
     assert adaptive_budget(draft, target, [60]).lost_probes == 2
 
 
 def test_plain_steps_sample_exactly_like_vanilla_generate():
     target = tiny_target("llama", seed=5)
     draft = DartDraftModel.from_target(target)
-    force_costs(draft, target, STEEP)
-    draft._dart_acceptance_history = history_of([(60, [])] * 8)  # known to lose: plain from the first step
+    force_costs(draft, STEEP)
+    known_to_lose = history_of([(60, [])] * 8)  # known to lose: plain from the first step
+    draft.controller_state.evidence.current.acceptance.extend(known_to_lose)
     prompt = prompts(1, seed=6)[0]
     torch.manual_seed(11)
     expected = target.generate(prompt, max_new_tokens=12, do_sample=True, top_k=20)
@@ -512,28 +515,29 @@ def test_plain_steps_sample_exactly_like_vanilla_generate():
 def test_greedy_evidence_does_not_decide_a_sampling_call():
     target = tiny_target("llama", seed=5)
     draft = DartDraftModel.from_target(target)
-    force_costs(draft, target, STEEP)
-    draft._dart_acceptance_history = history_of([(60, [])] * 8)  # greedy calls found that drafting loses
+    force_costs(draft, STEEP)
+    known_to_lose = history_of([(60, [])] * 8)  # greedy calls found that drafting loses
+    draft.controller_state.evidence.current.acceptance.extend(known_to_lose)
     prompt = prompts(1, seed=6)[0]
     target.generate(prompt, max_new_tokens=12, do_sample=False, assistant_model=draft)
     assert draft.stats.verify_steps == 0
     # a sampling call has no evidence of its own yet: it drafts until its own steps say drafting loses
     target.generate(prompt, max_new_tokens=12, do_sample=True, top_k=20, assistant_model=draft)
     assert draft.stats.verify_steps >= 4
-    sampling_history = draft._dart_acceptance_history
+    sampling_history = draft.controller_state.evidence.current.acceptance
     assert len(sampling_history) == draft.stats.verify_steps
     # back to greedy: its own evidence again, plain from the first step; and sampling's is kept for later
     expected = target.generate(prompt, max_new_tokens=12, do_sample=False)
     assert torch.equal(target.generate(prompt, max_new_tokens=12, do_sample=False, assistant_model=draft), expected)
-    assert draft.stats.verify_steps == 0 and len(draft._dart_acceptance_history) == 8
+    assert draft.stats.verify_steps == 0 and len(draft.controller_state.evidence.current.acceptance) == 8
     target.generate(prompt, max_new_tokens=4, do_sample=True, top_k=20, assistant_model=draft)
-    assert draft._dart_acceptance_history is sampling_history
+    assert draft.controller_state.evidence.current.acceptance is sampling_history
 
 
 def test_a_good_draft_with_flat_costs_never_falls_back():
     target = tiny_target("llama", seed=2)
     draft = OracleDraft.from_target(target)
-    force_costs(draft, target, FLAT)
+    force_costs(draft, FLAT)
     prompt = prompts(1, seed=3)[0]
     longer = target.generate(prompt, max_new_tokens=72, do_sample=False)
     draft.set_reference(longer, 5)
@@ -625,7 +629,7 @@ def test_filled_budgets_are_lossless_end_to_end(monkeypatch):
     instead (no tree runs fewer nodes than 5 but for lookup chains), and the greedy output is vanilla's."""
     target = tiny_target("llama", seed=8)
     draft = OracleDraft.from_target(target)
-    force_costs(draft, target, ForwardCosts([1, 2, 3, 4, 5, 65], [0.010, 0.020, 0.020, 0.020, 0.011, 0.08]))
+    force_costs(draft, ForwardCosts([1, 2, 3, 4, 5, 65], [0.010, 0.020, 0.020, 0.020, 0.011, 0.08]))
     forwards = recorded_verify_forwards(monkeypatch)
     budgets = assert_oracle_decoding_is_vanilla(target, draft, {"budget": 8, "lookup_length": 0})
     assert budgets and min(budgets) >= 4 and 4 in budgets
@@ -640,7 +644,7 @@ def test_weight_major_forwards_are_lossless_end_to_end(monkeypatch):
     counts = [1, 2, 3, 4, 5, 6, 65]
     usual = [0.010, 0.012, 0.013, 0.014, 0.015, 0.016, 0.08]
     major = [0.011, 0.011, 0.011, 0.011, 0.011, 0.020, 0.2]
-    force_costs(draft, target, ForwardCosts(counts, usual, weight_major_seconds=major))
+    force_costs(draft, ForwardCosts(counts, usual, weight_major_seconds=major))
     forwards = recorded_verify_forwards(monkeypatch)
     assert_oracle_decoding_is_vanilla(target, draft, {"budget": 8})
     assert {major for _, _, major in forwards} == {False, True}
@@ -651,7 +655,7 @@ def test_padded_forwards_are_lossless_end_to_end(monkeypatch):
     """Costs under which trees and lookup chains of 2-4 nodes run padded to 5 rows: greedy output as vanilla's."""
     target = tiny_target("llama", seed=8)  # random models fall into loops: context lookup engages
     draft = OracleDraft.from_target(target)
-    force_costs(draft, target, ForwardCosts([1, 2, 3, 4, 5, 65], [0.010, 0.020, 0.020, 0.020, 0.011, 0.08]))
+    force_costs(draft, ForwardCosts([1, 2, 3, 4, 5, 65], [0.010, 0.020, 0.020, 0.020, 0.011, 0.08]))
     forwards = recorded_verify_forwards(monkeypatch)
     assert_oracle_decoding_is_vanilla(target, draft, {"budget": 3})
     assert any(nodes < 5 and rows == 5 for nodes, rows, _ in forwards)

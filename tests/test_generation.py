@@ -194,19 +194,96 @@ def test_bad_generate_inputs_get_clear_errors():
         target.generate(prompt, max_new_tokens=4, stop_strings=["x"], assistant_model=draft)
     with pytest.raises(ValueError, match="needs the draft"):
         target.generate(prompt, max_new_tokens=4, custom_generate=dart_generate)
-    other_target = tiny_target("llama", seed=13)
-    with pytest.raises(ValueError, match="different target"):
-        other_target.generate(prompt, max_new_tokens=4, custom_generate=dart_generate, dart_draft=draft)
 
 
-def test_unbound_draft_is_refused():
+def test_a_draft_generates_with_any_target_it_fits_and_refuses_one_it_does_not():
+    # `custom_generate` needs no binding: the draft runs with the model that generates, and stays as it was
     target = tiny_target("llama", seed=14)
-    draft = DartDraftModel(DartDraftModel.from_target(target).config)
+    draft = DartDraftModel(DartDraftModel.from_target(target).config)  # never bound
+    other = tiny_target("llama", seed=15)
     prompt = prompts(1, seed=14)[0]
+    got = other.generate(prompt, max_new_tokens=NEW_TOKENS, custom_generate=dart_generate, dart_draft=draft)
+    assert torch.equal(got, vanilla(other, prompt))
+    with pytest.raises(RuntimeError, match="not bound to a target.*draft.bind\\(target\\)"):
+        draft.target
+    wider = tiny_target("llama", seed=16, hidden_size=48)
+    with pytest.raises(ValueError, match="hidden size of 32, but the target has 48.*from_target"):
+        wider.generate(prompt, max_new_tokens=4, custom_generate=dart_generate, dart_draft=draft)
+
+
+def perturbed(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """`model` with its output layer redrawn, so that it generates other tokens."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        head = model.get_output_embeddings().weight
+        head.copy_(torch.randn(head.shape, generator=generator, dtype=head.dtype))
+    return model
+
+
+def test_a_deep_copy_of_a_bound_target_generates_with_its_own_weights():
+    import copy
+
+    target = tiny_target("llama", seed=17)
+    draft = DartDraftModel.from_target(target)
+    prompt = prompts(1, seed=17)[0]
+    original = vanilla(target, prompt)
+    clone = perturbed(copy.deepcopy(target), seed=18)
+    clone_vanilla = type(clone).generate(clone, prompt, max_new_tokens=NEW_TOKENS, do_sample=False)
+    assert not torch.equal(clone_vanilla, original)  # the copy's own tokens differ from the original's
+    assert torch.equal(vanilla(clone, prompt), clone_vanilla)
+    got = clone.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, assistant_model=draft)
+    assert torch.equal(got, clone_vanilla)
+    chained = clone.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, assistant_model=draft, dart_chain=True)
+    assert torch.equal(chained, clone_vanilla)
+    assert draft.target is target  # the draft stays bound to the original, which still generates its own tokens
+    assert torch.equal(target.generate(prompt, max_new_tokens=NEW_TOKENS, assistant_model=draft), original)
+
+
+def test_unbind_gives_the_target_its_own_generate_back():
+    target = tiny_target("llama", seed=19)
+    draft = DartDraftModel.from_target(target)
+    assert "generate" in vars(target)
+    draft.unbind()
+    assert "generate" not in vars(target)  # the class's `generate` again
     with pytest.raises(RuntimeError, match="not bound to a target"):
-        tiny_target("llama", seed=14).generate(
-            prompt, max_new_tokens=4, custom_generate=dart_generate, dart_draft=draft
-        )
+        draft.target
+    prompt = prompts(1, seed=19)[0]
+    with pytest.raises(AttributeError, match="draft.bind\\(target\\)"):  # no routing: a classic assistant
+        target.generate(prompt, max_new_tokens=4, assistant_model=draft)
+    draft.bind(target)
+    assert torch.equal(target.generate(prompt, max_new_tokens=NEW_TOKENS, assistant_model=draft), vanilla(target, prompt))
+
+
+def test_routing_survives_to_a_second_bind_and_a_second_target():
+    first, second = tiny_target("llama", seed=20), perturbed(tiny_target("llama", seed=20), seed=21)
+    draft = DartDraftModel.from_target(first)
+    router = vars(first)["generate"]
+    draft.bind(first)
+    assert vars(first)["generate"] is router  # binding again installs nothing new
+    first.to(torch.float64)
+    draft.to(torch.float64)
+    assert vars(first)["generate"] is router
+    second.to(torch.float64)
+    draft.bind(second)  # one draft, two targets: each generates with its own weights
+    prompt = prompts(1, seed=20)[0]
+    for model in (first, second, first):
+        got = model.generate(prompt, max_new_tokens=NEW_TOKENS, assistant_model=draft)
+        assert torch.equal(got, vanilla(model, prompt))
+    assert draft.target is second
+
+
+def test_a_pickled_bound_target_routes_for_itself():
+    import pickle
+
+    target = tiny_target("llama", seed=22)
+    draft = DartDraftModel.from_target(target)
+    restored = pickle.loads(pickle.dumps(target))
+    assert vars(restored)["generate"].model is restored
+    perturbed(restored, seed=23)
+    prompt = prompts(1, seed=22)[0]
+    got = restored.generate(prompt, max_new_tokens=NEW_TOKENS, assistant_model=draft)
+    assert torch.equal(got, vanilla(restored, prompt))
+    assert not torch.equal(got, vanilla(target, prompt))
 
 
 def test_generate_with_a_target_that_was_never_bound():
@@ -304,7 +381,7 @@ def test_context_lookup_engages_on_repeating_text_and_is_lossless():
 
     target = tiny_target("llama", seed=8)  # random models fall into loops: their text repeats itself
     draft = DartDraftModel.from_target(target)  # untrained: its trees are almost never accepted
-    force_costs(draft, target, FLAT_COSTS)
+    force_costs(draft, FLAT_COSTS)
     lookup_steps, longest = 0, 0
     for prompt in prompts(3, seed=9):
         expected = vanilla(target, prompt)
@@ -325,8 +402,8 @@ def test_each_kind_of_lookup_is_judged_on_its_own_evidence(monkeypatch):
 
     target = tiny_target("llama", seed=8)
     draft = DartDraftModel.from_target(target)
-    force_costs(draft, target, FLAT_COSTS)
-    evidence = draft._dart_lookup_evidence = LookupEvidence(window=10**4, half_life=float("inf"))
+    force_costs(draft, FLAT_COSTS)
+    evidence = draft.controller_state.evidence.current.lookup = LookupEvidence(window=10**4, half_life=float("inf"))
     for match, ambiguous, which in itertools.product((1, 2, 3), (False, True), ("latest", "earliest")):
         for _ in range(1000):
             evidence.record((match, ambiguous, which), 0 if ambiguous and which == "latest" else 10)
@@ -360,8 +437,8 @@ def test_lookup_chains_stop_at_the_length_limit(monkeypatch):
 
     target = tiny_target("llama", seed=8)
     draft = DartDraftModel.from_target(target)
-    force_costs(draft, target, FLAT_COSTS)
-    evidence = draft._dart_lookup_evidence = LookupEvidence(window=10**4, half_life=float("inf"))
+    force_costs(draft, FLAT_COSTS)
+    evidence = draft.controller_state.evidence.current.lookup = LookupEvidence(window=10**4, half_life=float("inf"))
     for kind in itertools.product((1, 2, 3), (False, True), ("latest", "earliest")):  # every kind of lookup
         for _ in range(1000):  # continuations are known to hold: every match is verified, as long as it is
             evidence.record(kind, 10)

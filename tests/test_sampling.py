@@ -221,8 +221,6 @@ def test_same_seed_same_output(target_and_draft):
 
 @pytest.mark.parametrize("rule", ["exact", "biased"])
 def test_lookup_chains_sample_the_exact_target_distribution(target_and_draft, monkeypatch, rule):
-    from collections import deque
-
     from _helpers import FLAT_COSTS, force_costs
     from dart_hf.budget import LookupEvidence, StepRecord
 
@@ -235,14 +233,13 @@ def test_lookup_chains_sample_the_exact_target_distribution(target_and_draft, mo
     # the critical value (about 5 standard deviations above it; a prompt whose copies the target is sure of or
     # rejects outright left the biased test a coin flip)
     prompt = torch.tensor([[0, 6, 1, 3, 7, 4, 2, 5, 3, 2, 6]])
-    force_costs(draft, target, FLAT_COSTS)
-    evidence = draft._dart_lookup_evidence = LookupEvidence(window=10**6, half_life=float("inf"))
-    evidence.overheads = deque(maxlen=0)  # no measured overheads: the choices, so the random draws, are fixed
+    force_costs(draft, FLAT_COSTS)  # and no measured overheads: the choices, so the random draws, are fixed
+    evidence = draft.controller_state.evidence.current.lookup = LookupEvidence(window=10**6, half_life=float("inf"))
     for kind in itertools.product((1, 2, 3), (False, True), ("latest", "earliest")):  # every kind of lookup
         for _ in range(10**4):  # overwhelming evidence that continuations hold: every match is verified as a chain
             evidence.record(kind, 10)
     # and that drafted trees never hold (in an 8-token vocabulary they often would): the chain is always cheaper
-    draft._dart_acceptance_history = deque([StepRecord(60, torch.zeros(0, dtype=torch.long).numpy())] * 8)
+    draft.controller_state.evidence.current.acceptance.extend([StepRecord(60, torch.zeros(0, dtype=torch.long).numpy())] * 8)
     if rule == "biased":
         monkeypatch.setattr(dart_hf.verify, "sample_child", biased_sample_child)
     torch.manual_seed(0)
@@ -275,7 +272,7 @@ def test_switching_between_drawn_chains_and_trees_samples_the_exact_target_distr
     target, _ = target_and_draft
     torch.manual_seed(0)
     draft = DartDraftModel.from_target(target, feature_layers=[1, 2, 3])
-    force_costs(draft, target, FLAT_COSTS)  # trees are cheap: every step drafts
+    force_costs(draft, FLAT_COSTS)  # trees are cheap: every step drafts
     kwargs, processors = SETTINGS["temperature"]
     no_lookup = {"lookup_length": 0}
     # by default both policies are weighed: the one without evidence yet takes every other step

@@ -28,7 +28,6 @@ import torch
 from tqdm.auto import tqdm
 
 from .files import write_atomically
-from .generation import swap_controller_state
 from .modeling_dart import DartDraftModel
 from .prompts import PROMPT_SETS, load_prompts
 from .training.trainer import greedy_agreement
@@ -125,24 +124,24 @@ def run_benchmark(
 
     # each DART method keeps its own controller evidence (the methods share one draft object)
     dart_methods = [m for m in methods if m.startswith("dart")]
-    evidence = {method: {} for method in dart_methods}
+    evidence = dict.fromkeys(dart_methods)  # None: fresh evidence
 
     def generate(method: str, inputs: dict, **overrides) -> torch.Tensor:
         model, kwargs = method_call(method)
         if method in evidence:
-            evidence[method] = swap_controller_state(draft, evidence[method])
+            evidence[method] = draft.controller_state.swap_evidence(evidence[method])
         try:
             return model.generate(**inputs, **{**kwargs, **overrides})
         finally:
             if method in evidence:
-                evidence[method] = swap_controller_state(draft, evidence[method])
+                evidence[method] = draft.controller_state.swap_evidence(evidence[method])
 
     # untimed warm-up of every method: first-call setup (and DART's one-time cost calibration) stays out of timings;
     # the evidence it leaves is dropped, since its text is not the benchmark's (its easy replies made the first
     # set's first calls try 33-61-node trees)
     for method in methods:
         generate(method, chat_inputs(tokenizer, WARM_UP_PROMPT), max_new_tokens=16)
-    evidence = {method: {} for method in dart_methods}
+    evidence = dict.fromkeys(dart_methods)
 
     results: dict[str, dict[str, MethodResult]] = {}
     work = [(name, prompt) for name in sets for prompt in load_prompts(name, prompts_per_set)]

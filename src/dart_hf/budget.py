@@ -364,6 +364,7 @@ class AdaptiveBudget:
         plain_run: int = 0,
         lost_probes: int = 0,
         draft_costs: DraftCosts | None = None,
+        timed: bool = True,
     ):
         self.costs = costs
         self.draft_costs = draft_costs
@@ -382,6 +383,7 @@ class AdaptiveBudget:
         self.budgets = sorted({self.filled(b) for b in candidate_budgets(max_budget)})
         self.lookup = lookup if lookup is not None else LookupEvidence()
         self.timings = timings if timings is not None else ForwardTimings()
+        self.timed = timed  # False: steps record no overhead and no forward timing (`ControllerState.pin`)
 
     arm = 0  # the index of the tree policy a step drafts with: one policy (`PolicyChoice` weighs several)
 
@@ -523,6 +525,8 @@ class AdaptiveBudget:
     def record_lookup_step(self, overhead_seconds: float, nodes: int, forward_seconds: float | None = None) -> None:
         """After a verified lookup chain: its seconds outside the target's forward, and its forward's seconds over
         `nodes` nodes (root included)."""
+        if not self.timed:
+            overhead_seconds, forward_seconds = 0.0, None
         self.lookup.overheads.append(overhead_seconds)
         self._record_forward("verify", nodes, forward_seconds)
         self._estimates = None  # the verify forwards' scale moved
@@ -533,6 +537,8 @@ class AdaptiveBudget:
         """After a verified step: the tree, its accepted node path (root first), the budget it was built with, the
         seconds the step spent outside the target's forward (draft, tree search, acceptance, compaction) and in
         it."""
+        if not self.timed:
+            overhead_seconds, forward_seconds = 0.0, None
         ranks = tree.ranks if tree.ranks is not None else torch.arange(len(tree))
         path_ranks = np.maximum.accumulate(ranks[path[1:]].numpy()) if len(path) > 1 else np.zeros(0, np.int64)
         self.history.append(StepRecord(budget, path_ranks, overhead_seconds))
@@ -550,7 +556,7 @@ class AdaptiveBudget:
         self.plain_run += 1
 
     def _record_forward(self, kind: str, nodes: int, seconds: float | None) -> None:
-        if seconds is not None:  # (a window of 0 keeps nothing)
+        if seconds is not None and self.timed:  # (a window of 0 keeps nothing)
             (self.timings.plain if kind == "plain" else self.timings.verify).append(seconds / self.costs(nodes))
 
 

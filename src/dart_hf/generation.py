@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
-from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -29,8 +28,6 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .budget import (
     AdaptiveBudget,
-    ForwardTimings,
-    LookupEvidence,
     PolicyChoice,
     calibrate_draft_costs,
     calibrate_forward_costs,
@@ -322,9 +319,9 @@ def _decode(
         if controller is not None:
             controller.record_step(tree, path, budget, draft_seconds + tree_seconds + accept_seconds, forward_seconds)
     stats.total_time = time.perf_counter() - start
-    if controller is not None:
-        draft._dart_plain_run = controller.plain_run  # read back by the next call's `adaptive_budget`
-        draft._dart_lost_probes = controller.lost_probes
+    if controller is not None:  # probes are spaced over the decoding stream: the next call goes on counting
+        evidence = draft.controller_state.evidence.current
+        evidence.plain_run, evidence.lost_probes = controller.plain_run, controller.lost_probes
 
     if streamer is not None:
         streamer.end()
@@ -353,63 +350,41 @@ def adaptive_budget(
     max_chain: int = 0,
     mode: tuple = ("greedy",),
 ) -> AdaptiveBudget | PolicyChoice:
-    """The budget controller for one `generate` call in decoding `mode` (`decoding_mode`): the target's forward
-    costs (calibrated once per model and machine for trees up to the largest of `max_budgets` or `max_chain`
-    lookup tokens, then memoised on the draft), the draft's own forward costs per level (`calibrate_draft_costs`,
-    once per draft object) and the draft's acceptance and lookup evidence and plain steps since
-    the last probe in that mode (`select_decoding_mode`), and its recent forward timings, shared across calls.
+    """The budget controller for one `generate` call in decoding `mode` (`decoding_mode`), from the draft's
+    `controller_state`: the target's forward costs (calibrated once per model and machine for trees up to the
+    largest of `max_budgets` or `max_chain` lookup tokens), the draft's own forward costs per level
+    (`calibrate_draft_costs`, once per draft), and `mode`'s evidence (acceptance, lookup outcomes, plain steps since
+    the last probe) with the recent forwards' timings.
     One largest budget per tree policy: an `AdaptiveBudget` for one, a `PolicyChoice` between two (the drawn chain,
-    then the deterministic tree), the second policy's acceptance kept apart (`_dart_second_policy_history`). The
-    tree beats the chain only with more nodes than the chain has levels, so it is weighed only where a tree of
-    twice as many nodes costs at most two one-token forwards (a GPU); elsewhere (this project's CPU: 2.2) the
-    chain alone drafts, since weighing it there measured 1-2% slower (`benchmarks/HISTORY.md`)."""
+    then the deterministic tree), each with its own acceptance evidence. The tree beats the chain only with more
+    nodes than the chain has levels, so it is weighed only where a tree of twice as many nodes costs at most two
+    one-token forwards (a GPU); on a CPU, where it costs more, the chain alone drafts (weighing both measured 1-2%
+    slower there: benchmarks/HISTORY.md)."""
     if len(max_budgets) > 2:
         raise ValueError(f"adaptive_budget weighs at most two tree policies, got {len(max_budgets)}.")
-    select_decoding_mode(draft, mode)
-    key = calibration_key(target)
-    memo = getattr(draft, "_dart_forward_costs", None) or {}
+    state = draft.controller_state
+    evidence = state.evidence.select_mode(mode)
     max_nodes = max(*max_budgets, max_chain) + 1
-    if key not in memo or memo[key].node_counts[-1] < max_nodes:
-        memo[key] = calibrate_forward_costs(target, list(draft.config.feature_layers), max_nodes)
-        draft._dart_forward_costs = memo
-    if getattr(draft, "_dart_draft_costs", None) is None:
-        draft._dart_draft_costs = calibrate_draft_costs(draft)
-    lookup = _shared(draft, "_dart_lookup_evidence", LookupEvidence)
-    timings = _shared(draft, "_dart_forward_timings", ForwardTimings)
-    # probes are spaced over the decoding stream, not per call: a wait longer than one call's tokens still ends
-    plain_run = getattr(draft, "_dart_plain_run", 0)
-    lost_probes = getattr(draft, "_dart_lost_probes", 0)  # and so does their backing off
+    key = calibration_key(target)
+    costs = state.costs_for(key)
+    if costs is None or costs.node_counts[-1] < max_nodes:
+        costs = state.forward_costs[key] = calibrate_forward_costs(target, list(draft.config.feature_layers), max_nodes)
+    if state.draft_costs is None:
+        state.draft_costs = calibrate_draft_costs(draft)
     # forwards padded to a faster size never run more rows than the largest tree (`_check_sliding_window`'s bound)
-    costs = dataclasses.replace(memo[key], max_rows=max_nodes)
+    costs = dataclasses.replace(costs, max_rows=max_nodes)
     controllers = [
         AdaptiveBudget(
-            costs, max_budget, _shared(draft, name, lambda: deque(maxlen=64)),  # acceptance varies by text
-            lookup=lookup, timings=timings, plain_run=plain_run, lost_probes=lost_probes,
-            draft_costs=draft._dart_draft_costs,
+            costs, max_budget, history, lookup=evidence.lookup, timings=state.evidence.timings,
+            plain_run=evidence.plain_run, lost_probes=evidence.lost_probes, draft_costs=state.draft_costs,
+            timed=not state.pinned,
         )
-        for name, max_budget in zip(("_dart_acceptance_history", "_dart_second_policy_history"), max_budgets)
+        for history, max_budget in zip((evidence.acceptance, evidence.second_policy_acceptance), max_budgets)
     ]
     chain = controllers[0]
     if len(controllers) == 1 or chain.costs(2 * chain.max_budget + 1) > chain.first_cost * chain.costs(1):
         return chain
     return PolicyChoice(controllers)
-
-
-# what `adaptive_budget` keeps on the draft across `generate` calls besides the forward-cost calibration: evidence
-# per decoding mode (the current mode's, and the other modes' set aside) and the recent forwards' timings
-MODE_EVIDENCE = (
-    "_dart_acceptance_history", "_dart_second_policy_history", "_dart_lookup_evidence", "_dart_plain_run",
-    "_dart_lost_probes",
-)
-CONTROLLER_STATE = MODE_EVIDENCE + ("_dart_forward_timings", "_dart_decoding_mode", "_dart_evidence_by_mode")
-
-
-def swap_controller_state(draft: DartDraftModel, state: dict) -> dict:
-    """Give the draft the decoding evidence in `state` (what an earlier swap returned; {} for none) and return the
-    evidence it held: the acceptance history, lookup evidence, forward timings and plain steps since the last
-    probe, of every decoding mode. The calibrated forward costs stay. Lets two decoding setups share one draft
-    without sharing evidence, and a warm-up call leave none behind."""
-    return _swap(draft, CONTROLLER_STATE, state)
 
 
 def decoding_mode(generation_config: GenerationConfig) -> tuple:
@@ -419,34 +394,6 @@ def decoding_mode(generation_config: GenerationConfig) -> tuple:
         return ("greedy",)
     warpers = ("temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff")
     return ("sample",) + tuple(getattr(generation_config, name, None) for name in warpers)
-
-
-def select_decoding_mode(draft: DartDraftModel, mode: tuple) -> None:
-    """Keep the controller's evidence per decoding mode: a call in another mode than the last one sets the
-    current evidence aside under the last mode and takes up the evidence of its own (none at first), so greedy
-    acceptance never decides a sampling call's budget, nor the other way round."""
-    current = getattr(draft, "_dart_decoding_mode", None)  # None: untagged evidence, taken as this mode's
-    if current is not None and current != mode:
-        set_aside = _shared(draft, "_dart_evidence_by_mode", dict)
-        set_aside[current] = _swap(draft, MODE_EVIDENCE, set_aside.pop(mode, {}))
-    draft._dart_decoding_mode = mode
-
-
-def _swap(draft: DartDraftModel, names: tuple[str, ...], state: dict) -> dict:
-    held = {name: vars(draft)[name] for name in names if name in vars(draft)}
-    for name in names:
-        vars(draft).pop(name, None)
-    vars(draft).update(state)
-    return held
-
-
-def _shared(draft: DartDraftModel, name: str, create):
-    """The controller state kept on the draft under `name` across `generate` calls, created on first use."""
-    state = getattr(draft, name, None)
-    if state is None:
-        state = create()
-        setattr(draft, name, state)
-    return state
 
 
 def build_tree_policy(draft: DartDraftModel, eos_token_id: int | list[int] | None = None, **options) -> TreePolicy:

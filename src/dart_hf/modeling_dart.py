@@ -184,7 +184,8 @@ class DartDraftModel(DartPreTrainedModel):
         self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
         self._bound_target: tuple[PreTrainedModel, ...] = ()
         self.ngram: NgramTable | None = None  # travels with the draft: saved beside the weights, loaded with them
-        self.stats = None
+        self.stats = None  # the last DART `generate` call's `DartStats`
+        self._controller_state = None  # created on first use: `controller_state`
         self.post_init()
 
     # ----- vocabulary mapping -------------------------------------------------------------------------------------
@@ -402,6 +403,18 @@ class DartDraftModel(DartPreTrainedModel):
             )
         check_cache_layers(target)
         self.check_vocab_mapping()
+
+    @property
+    def controller_state(self):
+        """What the decode loop's budget controller remembers across `generate` calls with this draft (calibrated
+        costs, evidence per decoding mode): a `dart_hf.controller_state.ControllerState`, created on first use."""
+        if self._controller_state is None:
+            self._controller_state = importlib.import_module(f"{__package__}.controller_state").ControllerState()
+        return self._controller_state
+
+    @controller_state.setter
+    def controller_state(self, state) -> None:
+        self._controller_state = state
 
     def _generation_module(self):
         # Imported by name at call time rather than with `from .generation import ...`: a saved draft carries a
