@@ -321,11 +321,11 @@ def build_ngram_table(output: Path) -> None:
     from dart_hf.training import conversation_examples, load_conversations, load_examples
     from dart_hf.zoo import load_target
 
-    _, tokenizer = load_target("smollm2-135m-instruct")
+    target, tokenizer = load_target("smollm2-135m-instruct")
     examples = load_examples([DATA / "train.jsonl", DATA / "train_benchlike.jsonl"])
     examples += conversation_examples(tokenizer, load_conversations(DATA / "alpaca_demo_replies.json"))
     table = NgramTable.from_sequences(
-        (e["prompt_ids"] + e["response_ids"] for e in examples), vocab_size=len(tokenizer), order=3
+        (e["prompt_ids"] + e["response_ids"] for e in examples), vocab_size=target.config.vocab_size, order=3
     )
     table.metadata["source"] = "self-distilled train split + Alpaca demo replies"
     table.save(output / "ngram.safetensors")

@@ -196,6 +196,44 @@ def test_bad_generate_inputs_get_clear_errors():
         target.generate(prompt, max_new_tokens=4, custom_generate=dart_generate)
 
 
+@pytest.mark.parametrize("options,name", [
+    ({"tree_budget": -3}, "tree_budget"), ({"tree_budget": 0}, "tree_budget"), ({"tree_budget": 2.5}, "tree_budget"),
+    ({"tree_top_k": 0}, "tree_top_k"), ({"tree_options": {"budget": True}}, "tree_budget"),
+    ({"tree_options": {"beam_width": -1}}, "tree_beam_width"),
+])
+@pytest.mark.parametrize("chain", [False, True])
+def test_a_tree_size_that_is_not_a_positive_integer_gets_an_error_naming_the_fix(options, name, chain):
+    target = tiny_target("llama", seed=12)
+    draft = DartDraftModel.from_target(target)
+    prompt = prompts(1, seed=12)[0]
+    if chain and "tree_options" not in options:
+        options = {"tree_options": {name.removeprefix("tree_"): next(iter(options.values()))}}
+    with pytest.raises(ValueError, match=f"{name} must be a positive integer, got .*Pass an integer >= 1"):
+        target.generate(prompt, max_new_tokens=4, assistant_model=draft, dart_chain=chain, **options)
+
+
+def test_bad_lookup_options_get_errors_naming_the_fix():
+    target = tiny_target("llama", seed=12)
+    draft = DartDraftModel.from_target(target)
+    with pytest.raises(ValueError, match="lookup_length must be an integer >= 0 \\(0 turns context lookup off\\)"):
+        target.generate(prompts(1)[0], max_new_tokens=4, assistant_model=draft, tree_options={"lookup_length": -1})
+    with pytest.raises(ValueError, match="lookup_max_match must be a positive integer, got 0. Pass an integer >= 1"):
+        target.generate(prompts(1)[0], max_new_tokens=4, assistant_model=draft, tree_options={"lookup_max_match": 0})
+
+
+@pytest.mark.parametrize("chain", [False, True])
+def test_an_empty_prompt_gets_an_error_naming_the_fix(chain):
+    target = tiny_target("llama", seed=12)
+    draft = DartDraftModel.from_target(target)
+    empty = torch.zeros(1, 0, dtype=torch.long)
+    with pytest.raises(ValueError, match="prompt is empty.*Pass a non-empty prompt"):
+        target.generate(empty, max_new_tokens=4, assistant_model=draft, dart_chain=chain)
+    if not chain:  # all padding: empty once the padding is stripped
+        padding = torch.zeros(1, 3, dtype=torch.long)
+        with pytest.raises(ValueError, match="prompt is empty"):
+            target.generate(padding, attention_mask=torch.zeros_like(padding), max_new_tokens=4, assistant_model=draft)
+
+
 def test_a_draft_generates_with_any_target_it_fits_and_refuses_one_it_does_not():
     # `custom_generate` needs no binding: the draft runs with the model that generates, and stays as it was
     target = tiny_target("llama", seed=14)

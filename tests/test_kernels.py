@@ -57,7 +57,9 @@ def test_dart_generate_is_lossless_with_the_triton_kernels(monkeypatch):
     prompt = prompts(1, seed=3)[0]
     expected = target.generate(prompt, max_new_tokens=24, do_sample=False)
     draft.set_reference(target.generate(prompt, max_new_tokens=40, do_sample=False), correct_levels=4)
-    assert torch.equal(target.generate(prompt, max_new_tokens=24, assistant_model=draft), expected)
+    # fixed trees: the adaptive budget would choose them from this machine's timings, and tau with them
+    got = target.generate(prompt, max_new_tokens=24, assistant_model=draft, tree_options={"adaptive": False})
+    assert torch.equal(got, expected)
     assert draft.stats.tau == 5
 
 

@@ -157,6 +157,42 @@ def test_trie_conversion_equals_direct_build(tmp_path, seed):
         NgramTable.from_trie(tmp_path / "cut.trie", vocab_size=12, progress=False)
 
 
+def test_a_file_that_is_not_what_its_loader_reads_gets_an_error_naming_the_right_one(tmp_path):
+    table = NgramTable.from_sequences(random_corpus(2), vocab_size=12, eos_token_id=11, progress=False)
+    table.save(tmp_path / "ngram.safetensors")
+    write_trie(tmp_path / "full.trie", random_corpus(2), eos=11, order=3, seed=0)
+    with pytest.raises(ValueError, match="not a reference DART .trie file.*NgramTable.load"):
+        NgramTable.from_trie(tmp_path / "ngram.safetensors", vocab_size=12, progress=False)
+    (tmp_path / "noise.bin").write_bytes(np.random.default_rng(0).bytes(4000))
+    with pytest.raises(ValueError, match="not a reference DART .trie file"):
+        NgramTable.from_trie(tmp_path / "noise.bin", vocab_size=12, progress=False)
+    with pytest.raises(ValueError, match="not a safetensors N-gram table.*from_trie"):
+        NgramTable.load(tmp_path / "full.trie")
+
+
+def test_a_table_for_another_vocabulary_is_refused_with_the_fix():
+    import torch
+
+    from _helpers import VOCAB_SIZE, prompts, tiny_target
+    from dart_hf import DartDraftModel
+
+    target = tiny_target("llama", seed=4)
+    draft = DartDraftModel.from_target(target)
+    small = NgramTable.from_sequences(random_corpus(3), vocab_size=12, eos_token_id=11, progress=False)
+    draft.ngram = small  # set after binding: refused when a tree would use it
+    prompt = prompts(1, seed=4)[0]
+    with pytest.raises(ValueError, match=f"vocabulary of 12 tokens, but the target has {VOCAB_SIZE}.*build-ngram"):
+        target.generate(prompt, max_new_tokens=4, assistant_model=draft)
+    with pytest.raises(ValueError, match=f"convert-trie --vocab-size {VOCAB_SIZE}"):
+        target.generate(prompt, max_new_tokens=4, assistant_model=draft, dart_chain=True)
+    with pytest.raises(ValueError, match="vocabulary of 12 tokens"):  # and when binding
+        draft.bind(target)
+    fitting = NgramTable.from_sequences(random_corpus(3), vocab_size=VOCAB_SIZE, eos_token_id=11, progress=False)
+    draft.ngram = fitting
+    expected = target.generate(prompt, max_new_tokens=12, do_sample=False)
+    assert torch.equal(target.generate(prompt, max_new_tokens=12, do_sample=False, assistant_model=draft), expected)
+
+
 def test_draft_carries_its_ngram_locally_and_from_an_offline_hub_cache(tmp_path):
     from _helpers import tiny_target
     from dart_hf import DartDraftModel

@@ -22,7 +22,7 @@ from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, Pr
 from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.utils import ModelOutput
 
-from .generation import DartStats
+from .generation import DartStats, check_prompt_not_empty
 from .modeling_dart import DartDraftModel
 from .tree import Tree, TreePolicy
 
@@ -140,7 +140,8 @@ def dart_candidate_generator(target: PreTrainedModel, draft: DartDraftModel, tre
     candidate generator in `_get_candidate_generator`, which has no registry: this overrides it on the instance)."""
     previous = vars(target).get("_get_candidate_generator")  # an instance-level override of someone else's
 
-    def get_candidate_generator(*args, generation_config, logits_processor, **kwargs):
+    def get_candidate_generator(*args, generation_config, logits_processor, input_ids, **kwargs):
+        check_prompt_not_empty(input_ids)
         generator = DartCandidateGenerator(draft, tree_policy, generation_config, logits_processor)
         draft.stats = generator.stats
         return generator

@@ -249,7 +249,9 @@ def main(argv: list[str] | None = None) -> None:
         "convert-trie", aliases=["convert"], help="convert a reference DART .trie file into a table"
     )
     convert.add_argument("trie", type=Path)
-    convert.add_argument("--vocab-size", type=int, required=True, help="the target tokenizer's vocabulary size")
+    convert.add_argument(
+        "--vocab-size", type=int, required=True, help="the target model's vocabulary size (config.vocab_size)"
+    )
     convert.add_argument("--output", type=Path, default=Path("ngram.safetensors"))
     convert.set_defaults(handler=convert_trie)
 

@@ -36,7 +36,7 @@ from .budget import (
 from .features import forward_with_features, takes_logits_to_keep
 from .lookup import LookupTracker, find_continuations
 from .modeling_dart import DartDraftModel
-from .tree import BeamSearchTreePolicy, SampledChainPolicy, Tree, TopKTreePolicy, TreePolicy
+from .tree import BeamSearchTreePolicy, SampledChainPolicy, Tree, TopKTreePolicy, TreePolicy, check_positive_int
 from .verify import accept, compact_cache, forward_tree
 
 # `tree_options` that steer the decode loop rather than the tree policy (the chain path has no use for them)
@@ -162,6 +162,9 @@ def _decode(
     lookup_length = options.pop("lookup_length", config.tree_lookup_length)
     lookup_length = lookup_length if adaptive else 0  # whether a lookup pays is the controller's call
     lookup_max_match = options.pop("lookup_max_match", config.tree_lookup_max_match)
+    if isinstance(lookup_length, bool) or not isinstance(lookup_length, int) or lookup_length < 0:
+        raise ValueError(f"lookup_length must be an integer >= 0 (0 turns context lookup off), got {lookup_length!r}.")
+    check_positive_int("lookup_max_match", lookup_max_match, config.tree_lookup_max_match)
     sample_drafts = options.pop("sample_drafts", config.tree_sample_drafts)
     if not sample_drafts >= 0:
         raise ValueError(f"sample_drafts must be >= 0 (0 keeps deterministic trees when sampling), got {sample_drafts}.")
@@ -184,6 +187,7 @@ def _decode(
     _check_sliding_window(cache, generation_config.max_length, max(*max_budgets, lookup_length))
 
     pad_prefix, input_ids = _strip_left_padding(input_ids, model_kwargs.get("attention_mask"))
+    check_prompt_not_empty(input_ids)
     if streamer is not None and forward_streamer:
         streamer.put(torch.cat([pad_prefix, input_ids], dim=-1).cpu())
     stats = DartStats()
@@ -412,11 +416,14 @@ def build_tree_policy(draft: DartDraftModel, eos_token_id: int | list[int] | Non
         return TopKTreePolicy(budget=settings["budget"], top_k=settings["top_k"])
     if policy != "beam":
         raise ValueError(f"Unknown tree policy {policy!r}; use 'beam' or 'topk'.")
+    ngram = draft.ngram if use_ngram else None
+    if ngram is not None:
+        ngram.check_fits(draft.config.vocab_size)
     eos = draft.config.eos_token_id if eos_token_id is None else eos_token_id
     if isinstance(eos, torch.Tensor):
         eos = eos.tolist()
     eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
-    return BeamSearchTreePolicy(ngram=draft.ngram if use_ngram else None, eos_token_ids=eos_ids, **settings)
+    return BeamSearchTreePolicy(ngram=ngram, eos_token_ids=eos_ids, **settings)
 
 
 def sampled_chain_policy(
@@ -564,6 +571,15 @@ def _check_sliding_window(cache: DynamicCache, max_length: int, tree_budget: int
                 f"while max_length + tree_budget stays below the window, got {max_length} + {tree_budget}. "
                 "Lower max_new_tokens or tree_budget."
             )
+
+
+def check_prompt_not_empty(input_ids: torch.Tensor) -> None:
+    """Raise a ValueError with the fix when `input_ids` `[1, S]` (padding stripped) holds no token."""
+    if input_ids.shape[-1] == 0:
+        raise ValueError(
+            "The prompt is empty (or all padding): DART decoding starts from at least one prompt token. Pass a "
+            "non-empty prompt, e.g. one that begins with the tokenizer's BOS token."
+        )
 
 
 def _strip_left_padding(

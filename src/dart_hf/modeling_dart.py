@@ -403,6 +403,8 @@ class DartDraftModel(DartPreTrainedModel):
             )
         check_cache_layers(target)
         self.check_vocab_mapping()
+        if self.ngram is not None:
+            self.ngram.check_fits(self.config.vocab_size)
 
     @property
     def controller_state(self):

@@ -27,6 +27,7 @@ from .files import write_atomically
 
 FORMAT_NAME = "dart-hf-ngram"
 FORMAT_VERSION = "1"
+MAX_TRIE_ORDER = 16  # the reference builds trigram tables; an order beyond this is a header that is not a .trie
 NGRAM_FILENAME = "ngram.safetensors"
 
 
@@ -48,6 +49,16 @@ class NgramTable:
         self.keys = keys
         self.counts = counts
         self.metadata = dict(metadata or {})
+
+    def check_fits(self, vocab_size: int) -> None:
+        """Raise a ValueError naming the fix unless this table counts token ids of a `vocab_size`-token vocabulary
+        (the target's): its keys pack ids in base `self.vocab_size + 1`, so other ids would read other n-grams."""
+        if self.vocab_size != vocab_size:
+            raise ValueError(
+                f"The N-gram table counts a vocabulary of {self.vocab_size} tokens, but the target has {vocab_size}. "
+                "Use the table built for this target's tokenizer: `dart-hf build-ngram` with its tokenizer, or "
+                f"`dart-hf convert-trie --vocab-size {vocab_size}` for a reference .trie; or set `draft.ngram = None`."
+            )
 
     def num_kgrams(self, k: int) -> int:
         """How many distinct k-grams the table holds."""
@@ -262,11 +273,17 @@ class NgramTable:
         if len(data) < 16:
             raise ValueError(f"{path} is too short to be a .trie file (no 16-byte header).")
         order, node_count = struct.unpack_from("<QQ", data, 0)
+        record = struct.Struct("<iQiQ")
+        if not 1 <= order <= MAX_TRIE_ORDER or 16 + node_count * record.size > len(data):
+            raise ValueError(
+                f"{path} is not a reference DART .trie file: its header reads order {order} and {node_count} nodes, "
+                f"which a {len(data)}-byte file cannot hold. Pass the .trie file of the reference release; a table "
+                "saved by dart-hf (ngram.safetensors) loads with `NgramTable.load`."
+            )
         tokens = np.empty(node_count, np.int64)
         parents = np.empty(node_count, np.int64)
         freqs = np.empty(node_count, np.int64)
         offset = 16
-        record = struct.Struct("<iQiQ")
         for node in tqdm(range(node_count), desc="reading .trie", disable=not progress, unit="node"):
             if offset + record.size > len(data):
                 raise ValueError(f"{path} is truncated: node {node} of {node_count} runs past the end of the file.")
@@ -329,6 +346,12 @@ def _keep_top_continuations(keys, counts, vocab_size, top_k) -> tuple[np.ndarray
 
 
 def _read_safetensors_header(path: Path) -> tuple[dict, int]:
+    def not_a_table(why: str) -> ValueError:
+        return ValueError(
+            f"{path} is not a safetensors N-gram table ({why}). A reference DART `.trie` file converts with "
+            "`NgramTable.from_trie` or `dart-hf convert-trie`."
+        )
+
     try:
         with open(path, "rb") as handle:
             prefix = handle.read(8)
@@ -336,10 +359,10 @@ def _read_safetensors_header(path: Path) -> tuple[dict, int]:
                 raise ValueError(f"{path} is too short to be a safetensors N-gram table.")
             (header_len,) = struct.unpack("<Q", prefix)
             if header_len > 100_000_000 or header_len + 8 > path.stat().st_size:
-                raise ValueError(f"{path} is not a safetensors N-gram table (bad header length {header_len}).")
+                raise not_a_table(f"bad header length {header_len}")
             header = json.loads(handle.read(header_len))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{path} is not a safetensors N-gram table (unreadable header: {error}).") from None
+        raise not_a_table(f"unreadable header: {error}") from None
     if not isinstance(header, dict):
-        raise ValueError(f"{path} is not a safetensors N-gram table (header is not a JSON object).")
+        raise not_a_table("header is not a JSON object")
     return header, 8 + header_len

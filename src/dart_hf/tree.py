@@ -19,6 +19,15 @@ from .kernels.tree_mask import ancestor_matrix
 from .ngram import NgramTable
 
 
+def check_positive_int(name: str, value, default: int) -> None:
+    """Raise a ValueError naming `name` and the fix unless `value` is an integer >= 1 (a bool is not one)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(
+            f"{name} must be a positive integer, got {value!r}. Pass an integer >= 1 (the default is {default}); "
+            "to decode without a draft, call `generate` without `assistant_model`."
+        )
+
+
 @dataclass
 class Tree:
     """tokens, parents, depths: `[N + 1]` long tensors; parents[0] = -1, depths[0] = 0, parents[i] < i.
@@ -122,6 +131,10 @@ class TopKTreePolicy:
     budget: int = 60
     top_k: int = 25
 
+    def __post_init__(self):
+        check_positive_int("tree_budget", self.budget, 60)
+        check_positive_int("tree_top_k", self.top_k, 25)
+
     def __call__(
         self,
         draft_logits: torch.Tensor,
@@ -185,6 +198,11 @@ class BeamSearchTreePolicy:
     full_softmax: bool = False
     ngram: NgramTable | None = None
     eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        check_positive_int("tree_budget", self.budget, 60)
+        check_positive_int("tree_top_k", self.top_k, 25)
+        check_positive_int("tree_beam_width", self.beam_width, 20)
 
     def __call__(
         self,
@@ -319,6 +337,10 @@ class SampledChainPolicy:
     ngram: NgramTable | None = None
     ngram_weight: float = 0.5
     top_k: int = 25
+
+    def __post_init__(self):
+        check_positive_int("tree_budget", self.budget, 8)
+        check_positive_int("tree_top_k", self.top_k, 25)
 
     def __call__(
         self,
