@@ -13,8 +13,8 @@ commits one token per f(1). So:
   measured seconds as multiples of f, per kind of step, and decisions scale f by their medians.
 - o(m) is the draft's forward for the min(m, draft length) levels a tree of budget m can reach, measured once per
   draft (`calibrate_draft_costs`: on this project's CPU one level cost a third of eight), plus the rest of recent
-  steps' measured overhead. A single measured o, averaged over steps of any budget, priced a one-level drawn chain
-  with the eight-level probes' draft forwards, and at T=1 sent such chains to plain decoding.
+  steps' measured overhead: a one-level drawn chain is then not priced with an eight-level probe's draft forward
+  (which at T=1 would send such chains to plain decoding).
 - `AdaptiveBudget` picks the m with the lowest cost per token, (o(m) + f(m + 1)) / tau(m); when even that loses to
   f(1), it decodes plainly and probes with a tree now and then to notice when drafting pays again. A probe costs
   its expected loss, tau(m) times the gap per token, so it waits for as many plain steps as keep probes' losses
@@ -22,7 +22,7 @@ commits one token per f(1). So:
   evidence follows a change of text quickly), one that loses badly rarely. Each probe in a row that lost doubles
   the wait (up to `max_probe_interval`), and one that beat plain decoding restarts it: text where drafting loses
   tends to go on being such text, and at a fixed share a long stretch of it paid the whole share (3% slower than
-  vanilla on AlpacaEval at T=1, `benchmarks/HISTORY.md`). A probe is at least `first_budget`'s
+  vanilla on AlpacaEval at T=1, `docs/HISTORY.md`). A probe is at least `first_budget`'s
   tree, so that it refreshes the evidence of every budget that could pay. Every `explore_every` steps it tries
   twice the chosen budget, which is how larger budgets get evidence. With no evidence at all it starts with the
   largest tree that costs at most twice one token (`first_budget`). Where a forward runs padded to a faster
@@ -57,11 +57,8 @@ from .files import write_atomically
 from .tree import Tree
 from .verify import forward_tree
 
-# bumped when what `forward_tree` runs changes, so that costs cached on disk by an older version are re-measured
-# (2: the feature layers read by dart_hf.features' hooks instead of `output_hidden_states`; the fastest run kept;
-# 3: each size's fastest run as measured, no longer raised to the largest cost of any smaller size; 4: on a CPU the
-# tree's sdpa attention reads grouped key/value heads in place, `dart_hf.attention`, and every size up to 17 nodes;
-# 5: both layouts of the linear layers' products, `dart_hf.weight_major`)
+# the version of what `forward_tree` runs: part of the calibration key, so that costs cached on disk for another
+# version of it are measured again (its changes are listed in docs/HISTORY.md)
 CALIBRATION_METHOD = 5
 CANDIDATE_BUDGETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 

@@ -363,7 +363,7 @@ def adaptive_budget(
     then the deterministic tree), each with its own acceptance evidence. The tree beats the chain only with more
     nodes than the chain has levels, so it is weighed only where a tree of twice as many nodes costs at most two
     one-token forwards (a GPU); on a CPU, where it costs more, the chain alone drafts (weighing both measured 1-2%
-    slower there: benchmarks/HISTORY.md)."""
+    slower there: docs/HISTORY.md)."""
     if len(max_budgets) > 2:
         raise ValueError(f"adaptive_budget weighs at most two tree policies, got {len(max_budgets)}.")
     state = draft.controller_state
