@@ -16,11 +16,15 @@ from pathlib import Path
 import nbformat
 
 SCRIPTS = ["quickstart.py", "train_your_own_draft.py", "ngram_effect.py"]
-INSTALL_CELL = """# On Colab: install dart-hf (elsewhere, install it once with `pip install dart-hf` and skip this cell)
+INSTALL_CELL = """# On Colab: install dart-hf from its source tree (no release is on PyPI yet): upload or clone the dart-hf
+# folder and set DART_HF_SOURCE to it. Colab's own torch is kept. Elsewhere, install it once as the README says
+# and skip this cell.
 import sys
 
+DART_HF_SOURCE = "/content/dart-hf"
 if "google.colab" in sys.modules:
-    !pip install -q dart-hf"""
+    !pip install -q "{DART_HF_SOURCE}[zoo]"
+"""
 
 
 def notebook_from_script(path: Path) -> nbformat.NotebookNode:
