@@ -16,6 +16,21 @@ from dart_hf import DartConfig, DartDraftModel
 H, HEADS, KV_HEADS, HEAD_DIM, INTER, DRAFT_VOCAB = 32, 4, 2, 8, 64, 64
 
 
+def released_matrix_shapes(head_dim: int, draft_vocab: int) -> dict[str, tuple[int, ...]]:
+    """The names and shapes of the released DART drafts' weight matrices (their vectors: the norms, `mask_rep`)."""
+    return {
+        "fc.weight": (H, 3 * H),
+        "midlayer.self_attn.q_proj.weight": (HEADS * head_dim, 2 * H),
+        "midlayer.self_attn.k_proj.weight": (KV_HEADS * head_dim, 2 * H),
+        "midlayer.self_attn.v_proj.weight": (KV_HEADS * head_dim, 2 * H),
+        "midlayer.self_attn.o_proj.weight": (H, HEADS * head_dim),
+        "midlayer.mlp.gate_proj.weight": (INTER, H),
+        "midlayer.mlp.up_proj.weight": (INTER, H),
+        "midlayer.mlp.down_proj.weight": (H, INTER),
+        "lm_head.weight": (draft_vocab, H),
+    }
+
+
 def released_state_dict(draft_vocab: int = DRAFT_VOCAB) -> dict[str, torch.Tensor]:
     """A state dict with the exact names and shapes of the released DART drafts (plus the embedding they may hold)."""
     d2t = torch.arange(draft_vocab) * (VOCAB_SIZE // draft_vocab)
@@ -23,20 +38,12 @@ def released_state_dict(draft_vocab: int = DRAFT_VOCAB) -> dict[str, torch.Tenso
     t2d = torch.zeros(VOCAB_SIZE, dtype=torch.bool)
     t2d[torch.arange(draft_vocab) + d2t] = True
     shapes = {
-        "fc.weight": (H, 3 * H),
-        "midlayer.self_attn.q_proj.weight": (HEADS * HEAD_DIM, 2 * H),
-        "midlayer.self_attn.k_proj.weight": (KV_HEADS * HEAD_DIM, 2 * H),
-        "midlayer.self_attn.v_proj.weight": (KV_HEADS * HEAD_DIM, 2 * H),
-        "midlayer.self_attn.o_proj.weight": (H, HEADS * HEAD_DIM),
-        "midlayer.mlp.gate_proj.weight": (INTER, H),
-        "midlayer.mlp.up_proj.weight": (INTER, H),
-        "midlayer.mlp.down_proj.weight": (H, INTER),
+        **released_matrix_shapes(HEAD_DIM, draft_vocab),
         "midlayer.input_layernorm.weight": (H,),
         "midlayer.hidden_norm.weight": (H,),
         "midlayer.post_attention_layernorm.weight": (H,),
         "midlayer.mask_rep": (2 * H,),
         "norm.weight": (H,),
-        "lm_head.weight": (draft_vocab, H),
         "embed_tokens.weight": (VOCAB_SIZE, H),
     }
     generator = torch.Generator().manual_seed(0)
@@ -201,17 +208,7 @@ REF_HEAD_DIM, REF_THETA, REF_MASKS = 12, 1e6, 3  # head_dim != H / heads; the re
 def reference_layout_weights(seed: int = 0) -> dict[str, torch.Tensor]:
     """Random weights in the released layout, small enough that float32 logits stay O(1), with non-unit norms."""
     generator = torch.Generator().manual_seed(seed)
-    shapes = {
-        "fc.weight": (H, 3 * H),
-        "midlayer.self_attn.q_proj.weight": (HEADS * REF_HEAD_DIM, 2 * H),
-        "midlayer.self_attn.k_proj.weight": (KV_HEADS * REF_HEAD_DIM, 2 * H),
-        "midlayer.self_attn.v_proj.weight": (KV_HEADS * REF_HEAD_DIM, 2 * H),
-        "midlayer.self_attn.o_proj.weight": (H, HEADS * REF_HEAD_DIM),
-        "midlayer.mlp.gate_proj.weight": (INTER, H),
-        "midlayer.mlp.up_proj.weight": (INTER, H),
-        "midlayer.mlp.down_proj.weight": (H, INTER),
-        "lm_head.weight": (DRAFT_VOCAB, H),
-    }
+    shapes = released_matrix_shapes(REF_HEAD_DIM, DRAFT_VOCAB)
     weights = {name: 0.15 * torch.randn(shape, generator=generator) for name, shape in shapes.items()}
     for name in ("midlayer.input_layernorm", "midlayer.hidden_norm", "midlayer.post_attention_layernorm", "norm"):
         weights[f"{name}.weight"] = 1.0 + 0.5 * torch.randn(H, generator=generator)
