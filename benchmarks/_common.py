@@ -4,52 +4,16 @@ the replays' table of tree settings."""
 
 import argparse
 import json
-import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from dart_hf import generation
 from dart_hf.bench import BENCHMARK_SETS, bootstrap_interval, chat_inputs, speedup
 from dart_hf.files import write_atomically
 from dart_hf.prompts import load_prompts
 from dart_hf.training.trainer import greedy_agreement
-
-
-def patch_controllers(patches: list[tuple[object, Callable]]) -> None:
-    """Make `dart_hf.generation.adaptive_budget` pass the controller it builds for each draft of `patches` ((bound
-    draft, function of the controller) pairs, in order) through that draft's functions: how an A/B gives one arm
-    an earlier behaviour. Each function changes the controller in place (a `PolicyChoice` or an `AdaptiveBudget`)."""
-    make_controller = generation.adaptive_budget
-
-    def adaptive_budget(draft, *args, **kwargs):
-        controller = make_controller(draft, *args, **kwargs)
-        for patched, patch in patches:
-            if draft is patched:
-                patch(controller)
-        return controller
-
-    generation.adaptive_budget = adaptive_budget
-
-
-def tree_policies(controller) -> list:
-    """The `AdaptiveBudget` of each tree policy of a controller (one, or a `PolicyChoice`'s several)."""
-    return getattr(controller, "controllers", [controller])
-
-
-def ab_arguments(default_prompts: int) -> tuple[int, int, Path | None, list[str] | None, bool]:
-    """The A/B scripts' positional arguments: prompts per set, new tokens (32), output JSON, the sets (a comma list,
-    or "all", the default) and "sample" for T=1 sampling instead of greedy decoding."""
-    argv = sys.argv[1:]
-    prompts_per_set = int(argv[0]) if len(argv) > 0 else default_prompts
-    max_new_tokens = int(argv[1]) if len(argv) > 1 else 32
-    out = Path(argv[2]) if len(argv) > 2 else None
-    sets = argv[3].split(",") if len(argv) > 3 and argv[3] != "all" else None
-    do_sample = len(argv) > 4 and argv[4] == "sample"
-    return prompts_per_set, max_new_tokens, out, sets, do_sample
 
 
 def report(results: dict, out: Path | None) -> None:
@@ -67,6 +31,7 @@ def interleaved_speedups(
     max_new_tokens: int = 32,
     sets: list[str] | None = None,
     do_sample: bool = False,
+    tree_options: dict[str, dict] | None = None,
 ) -> dict:
     """Vanilla greedy `generate` and each draft of `drafts` (name -> bound `DartDraftModel`, each with its own
     controller state) over the benchmark sets, interleaved prompt by prompt with the order reversed on every other
@@ -75,11 +40,14 @@ def interleaved_speedups(
     its teacher-forced agreement with vanilla's greedy output at the first drafted position); the speedups are per
     new token, with their 95% bootstrap intervals over the prompts (`dart_hf.bench`). sets: the benchmark
     sets to run, in the bench's order (default all). do_sample: T=1 sampling instead, every run seeded with
-    `torch.manual_seed(0)` as the bench does; no output check and no alpha_1 (outputs differ by design)."""
+    `torch.manual_seed(0)` as the bench does; no output check and no alpha_1 (outputs differ by design).
+    tree_options: per draft name, the `tree_options` its calls pass (an option set per arm)."""
     options = {"max_new_tokens": max_new_tokens, "do_sample": do_sample}
+    arm_options = tree_options or {}
     runs = {
         "vanilla": lambda inputs: target.generate(**inputs, **options),
-        **{name: (lambda inputs, d=draft: target.generate(**inputs, **options, assistant_model=d))
+        **{name: (lambda inputs, d=draft, o=arm_options.get(name): target.generate(
+            **inputs, **options, assistant_model=d, tree_options=o))
            for name, draft in drafts.items()},
     }
     for run in runs.values():

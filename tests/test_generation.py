@@ -289,7 +289,8 @@ def test_unbind_gives_the_target_its_own_generate_back():
     with pytest.raises(AttributeError, match="draft.bind\\(target\\)"):  # no routing: a classic assistant
         target.generate(prompt, max_new_tokens=4, assistant_model=draft)
     draft.bind(target)
-    assert torch.equal(target.generate(prompt, max_new_tokens=NEW_TOKENS, assistant_model=draft), vanilla(target, prompt))
+    got = target.generate(prompt, max_new_tokens=NEW_TOKENS, assistant_model=draft)
+    assert torch.equal(got, vanilla(target, prompt))
 
 
 def test_routing_survives_to_a_second_bind_and_a_second_target():

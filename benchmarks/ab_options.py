@@ -1,0 +1,50 @@
+"""An interleaved A/B of decoding option sets: the shipped SmolLM2 draft under each set of `tree_options`, side by
+side with vanilla `generate`.
+
+Each arm is a `name=JSON` pair (the `tree_options` its calls pass, `{}` for the defaults) and runs its own copy of
+the draft, so each keeps its own controller state (calibrations and evidence). All arms and vanilla run
+interleaved prompt by prompt over the benchmark sets (the order reversed on every other prompt) after an untimed
+warm-up; every greedy output is checked against vanilla's. Prints, per set and overall, each arm's total-time
+speedup over vanilla with its 95% bootstrap interval, tau and the share of plain steps.
+
+    python benchmarks/ab_options.py --prompts-per-set 10 defaults='{}' no_lookup='{"lookup_length": 0}'
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+from _common import interleaved_speedups, report
+
+from dart_hf.zoo import load_draft, load_target
+
+
+def parse_arm(text: str) -> tuple[str, dict]:
+    name, separator, options = text.partition("=")
+    if not separator or not name:
+        example = "no_lookup='{\"lookup_length\": 0}'"
+        raise argparse.ArgumentTypeError(f"An arm is name=JSON, e.g. {example}; got {text!r}.")
+    return name, json.loads(options)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("arms", nargs="+", type=parse_arm, help="name=JSON tree options, one per arm")
+    parser.add_argument("--draft", default="smollm2-135m-instruct-dart", help="shipped draft name or folder")
+    parser.add_argument("--prompts-per-set", type=int, default=10)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--sets", nargs="+", default=None, help="benchmark sets (default: all)")
+    parser.add_argument("--sample", action="store_true", help="T=1 sampling instead of greedy decoding")
+    parser.add_argument("--out", type=Path, default=None, help="write the results here as JSON")
+    args = parser.parse_args()
+    target, tokenizer = load_target("smollm2-135m-instruct")
+    arms = dict(args.arms)
+    drafts = {name: load_draft(args.draft, target) for name in arms}
+    results = interleaved_speedups(
+        target, tokenizer, drafts, args.prompts_per_set, args.max_new_tokens, args.sets, args.sample, arms
+    )
+    report(results, args.out)
+
+
+if __name__ == "__main__":
+    main()
