@@ -238,9 +238,11 @@ def test_lookup_chains_sample_the_exact_target_distribution(target_and_draft, mo
     for kind in itertools.product((1, 2, 3), (False, True), ("latest", "earliest")):  # every kind of lookup
         for _ in range(10**4):  # overwhelming evidence that continuations hold: every match is verified as a chain
             evidence.record(kind, 10)
-    # and that drafted trees never hold (in an 8-token vocabulary they often would): the chain is always cheaper
+    # and that drafts never hold, drawn chains nor trees (in an 8-token vocabulary they often would): the copied
+    # chain is always cheaper
     never_accepted = StepRecord(60, torch.zeros(0, dtype=torch.long).numpy())
     draft.controller_state.evidence.current.acceptance.extend([never_accepted] * 8)
+    draft.controller_state.evidence.current.second_policy_acceptance.extend([never_accepted] * 8)
     if rule == "biased":
         monkeypatch.setattr(dart_hf.verify, "sample_child", biased_sample_child)
     torch.manual_seed(0)
