@@ -77,19 +77,15 @@ class ControllerState:
     evidence: DecodingEvidence = field(default_factory=DecodingEvidence)
     pinned: bool = False
 
-    def fresh_evidence(self) -> DecodingEvidence:
-        """Empty evidence; its timings keep the calibrated costs as they are when pinned."""
-        return DecodingEvidence(timings=ForwardTimings(window=0) if self.pinned else ForwardTimings())
-
     def reset(self) -> None:
         """Forget the evidence of every mode; keep the calibrations."""
-        self.evidence = self.fresh_evidence()
+        self.evidence = DecodingEvidence()
 
     def swap_evidence(self, evidence: DecodingEvidence | None) -> DecodingEvidence:
         """Take `evidence` (fresh where None) and return the evidence held until now: lets two decoding setups
         share one draft without sharing evidence, and a warm-up call leave none behind."""
         held = self.evidence
-        self.evidence = evidence if evidence is not None else self.fresh_evidence()
+        self.evidence = evidence if evidence is not None else DecodingEvidence()
         return held
 
     def copy(self) -> ControllerState:

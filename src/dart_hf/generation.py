@@ -160,11 +160,11 @@ def _decode(
     options = dict(tree_options or {})
     adaptive = options.pop("adaptive", config.tree_adaptive) and tree_policy is None
     lookup_length = options.pop("lookup_length", config.tree_lookup_length)
-    lookup_length = lookup_length if adaptive else 0  # whether a lookup pays is the controller's call
     lookup_max_match = options.pop("lookup_max_match", config.tree_lookup_max_match)
     if isinstance(lookup_length, bool) or not isinstance(lookup_length, int) or lookup_length < 0:
         raise ValueError(f"lookup_length must be an integer >= 0 (0 turns context lookup off), got {lookup_length!r}.")
     check_positive_int("lookup_max_match", lookup_max_match, config.tree_lookup_max_match)
+    lookup_length = lookup_length if adaptive else 0  # whether a lookup pays is the controller's call
     sample_drafts = options.pop("sample_drafts", config.tree_sample_drafts)
     if not sample_drafts >= 0:
         raise ValueError(f"sample_drafts must be >= 0 (0 keeps deterministic trees when sampling), got {sample_drafts}.")

@@ -7,6 +7,7 @@ Tree policies know nothing of the target: they map `[L, V_d]` draft logits to a 
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +27,14 @@ def check_positive_int(name: str, value, default: int) -> None:
             f"{name} must be a positive integer, got {value!r}. Pass an integer >= 1 (the default is {default}); "
             "to decode without a draft, call `generate` without `assistant_model`."
         )
+
+
+def check_sizes(policy, *names: str) -> None:
+    """`check_positive_int` on the named size fields of a policy dataclass, each reported as `tree_<name>` with its
+    default."""
+    defaults = {policy_field.name: policy_field.default for policy_field in dataclasses.fields(policy)}
+    for name in names:
+        check_positive_int(f"tree_{name}", getattr(policy, name), defaults[name])
 
 
 @dataclass
@@ -132,8 +141,7 @@ class TopKTreePolicy:
     top_k: int = 25
 
     def __post_init__(self):
-        check_positive_int("tree_budget", self.budget, 60)
-        check_positive_int("tree_top_k", self.top_k, 25)
+        check_sizes(self, "budget", "top_k")
 
     def __call__(
         self,
@@ -200,9 +208,7 @@ class BeamSearchTreePolicy:
     eos_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self):
-        check_positive_int("tree_budget", self.budget, 60)
-        check_positive_int("tree_top_k", self.top_k, 25)
-        check_positive_int("tree_beam_width", self.beam_width, 20)
+        check_sizes(self, "budget", "top_k", "beam_width")
 
     def __call__(
         self,
@@ -339,8 +345,7 @@ class SampledChainPolicy:
     top_k: int = 25
 
     def __post_init__(self):
-        check_positive_int("tree_budget", self.budget, 8)
-        check_positive_int("tree_top_k", self.top_k, 25)
+        check_sizes(self, "budget", "top_k")
 
     def __call__(
         self,
