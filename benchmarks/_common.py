@@ -125,7 +125,7 @@ def vanilla_outputs(
         return json.loads(path.read_text())
     from dart_hf.zoo import load_target
 
-    target, tokenizer = load_target("smollm2-135m-instruct")
+    target, tokenizer = load_target("smollm2-135m-instruct", dtype=torch.float32)
     outputs = {}
     for name in BENCHMARK_SETS:
         outputs[name] = []

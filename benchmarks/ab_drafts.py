@@ -24,7 +24,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--out", type=Path, default=None, help="write the results here as JSON")
     args = parser.parse_args()
-    target, tokenizer = load_target("smollm2-135m-instruct")
+    target, tokenizer = load_target("smollm2-135m-instruct", dtype=torch.float32)
     # bfloat16 as shipped (a training checkpoint is float32): every draft runs as it would from the package
     drafts = {name: load_draft(name, target, dtype=torch.bfloat16) for name in args.drafts}
     results = interleaved_speedups(target, tokenizer, drafts, args.prompts_per_set, args.max_new_tokens)

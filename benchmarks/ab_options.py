@@ -14,6 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
+import torch
 from _common import interleaved_speedups, report
 
 from dart_hf.zoo import load_draft, load_target
@@ -37,7 +38,7 @@ def main() -> None:
     parser.add_argument("--sample", action="store_true", help="T=1 sampling instead of greedy decoding")
     parser.add_argument("--out", type=Path, default=None, help="write the results here as JSON")
     args = parser.parse_args()
-    target, tokenizer = load_target("smollm2-135m-instruct")
+    target, tokenizer = load_target("smollm2-135m-instruct", dtype=torch.float32)
     arms = dict(args.arms)
     drafts = {name: load_draft(args.draft, target) for name in arms}
     results = interleaved_speedups(

@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+import torch
 from _common import report
 
 from dart_hf.bench import BENCHMARK_SETS, bootstrap_interval, speedup
@@ -35,7 +36,7 @@ def serve(draft_name: str, max_new_tokens: int) -> None:
     from dart_hf.bench import chat_inputs
     from dart_hf.zoo import load_draft, load_target
 
-    target, tokenizer = load_target("smollm2-135m-instruct")
+    target, tokenizer = load_target("smollm2-135m-instruct", dtype=torch.float32)
     draft = load_draft(draft_name, target)
     options = {"max_new_tokens": max_new_tokens, "do_sample": False}
     runs = {
@@ -112,7 +113,7 @@ def main() -> None:
         parser.error("--before and --after name the two checkouts to compare")
 
     workers = {}
-    for version, tree in (("before", args.before), ("after", args.after)):
+    for version, tree in (("before", args.before), ("after", args.after)):  # one at a time: warm-ups calibrate
         workers[version] = start_worker(tree, args.draft, args.max_new_tokens)
         print(version, "runs dart_hf from", ask(workers[version])["ready"], flush=True)
     results, everything = {}, {version: [] for version in workers}

@@ -29,7 +29,7 @@ def main() -> None:
     parser.add_argument("--sample", action="store_true", help="T=1 sampling instead of greedy")
     args = parser.parse_args()
 
-    target, tokenizer = load_target("smollm2-135m-instruct")
+    target, tokenizer = load_target("smollm2-135m-instruct", dtype=torch.float32)
     draft = load_draft("smollm2-135m-instruct-dart", target)
     budget.AdaptiveBudget.next_budget = lambda self: 0  # every step plain (and no context lookup, below)
 

@@ -143,7 +143,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(2)
     outputs = json.loads(args.outputs.read_text())
-    target, _ = load_target(TARGET)
+    target, _ = load_target(TARGET, dtype=torch.float32)
     draft = load_draft(args.draft, target)
     draft.eval()
     policy = build_tree_policy(draft)

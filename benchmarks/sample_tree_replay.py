@@ -138,7 +138,7 @@ def main() -> None:
         args.outputs, args.prompts_per_set, args.max_new_tokens, skip=args.skip, temperature=args.temperature
     )
 
-    target, _ = load_target(TARGET)
+    target, _ = load_target(TARGET, dtype=torch.float32)
     draft = load_draft(args.draft, target)
     draft.eval()
     grid = [json.loads(item) for item in args.grid] if args.grid else DEFAULT_GRID

@@ -135,7 +135,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="JSON: the summary and every step")
     args = parser.parse_args()
 
-    target, tokenizer = load_target("smollm2-135m-instruct")
+    target, tokenizer = load_target("smollm2-135m-instruct", dtype=torch.float32)
     draft = load_draft(args.draft, target)
     options = dict(max_new_tokens=args.max_new_tokens, do_sample=args.sample, pad_token_id=tokenizer.pad_token_id)
     warm_up = chat_inputs(tokenizer, "Say hello.")

@@ -93,7 +93,7 @@ def main() -> None:
     torch.set_num_threads(2)
     outputs = vanilla_outputs(args.outputs, args.prompts_per_set, args.max_new_tokens, skip=args.skip)
 
-    target, _ = load_target(TARGET)
+    target, _ = load_target(TARGET, dtype=torch.float32)
     draft = load_draft(args.draft, target)
     draft.eval()
     grid = parse_grid(args.grid) if args.grid else DEFAULT_GRID

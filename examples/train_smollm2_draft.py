@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 from dart_hf.files import write_atomically
 from dart_hf.prompts import load_prompts, read_set_file, reference_conversations, training_prompts
 
@@ -321,7 +323,7 @@ def build_ngram_table(output: Path) -> None:
     from dart_hf.training import conversation_examples, load_conversations, load_examples
     from dart_hf.zoo import load_target
 
-    target, tokenizer = load_target("smollm2-135m-instruct")
+    target, tokenizer = load_target("smollm2-135m-instruct", dtype=torch.float32)
     examples = load_examples([DATA / "train.jsonl", DATA / "train_benchlike.jsonl"])
     examples += conversation_examples(tokenizer, load_conversations(DATA / "alpaca_demo_replies.json"))
     table = NgramTable.from_sequences(
@@ -337,14 +339,12 @@ def export_draft(checkpoint: Path) -> None:
     bfloat16 (half the size; the draft only proposes, so its precision never changes the output), written to a
     temporary folder and renamed into place. The remote-code copies of dart-hf's modules are left out: the shipped
     draft is loaded by the installed dart-hf."""
-    import torch
-
     from dart_hf import DartDraftModel
     from dart_hf.zoo import draft_path, load_target
 
     if not (checkpoint / "ngram.safetensors").exists():
         build_ngram_table(checkpoint)
-    target, _ = load_target("smollm2-135m-instruct")
+    target, _ = load_target("smollm2-135m-instruct", dtype=torch.float32)
     draft = DartDraftModel.from_pretrained(checkpoint, target=target, dtype=torch.bfloat16)
     destination = Path(draft_path(DRAFT_NAME))
     temporary = destination.with_name(destination.name + ".tmp")
@@ -370,7 +370,7 @@ def write_model_card(summary: dict, sampled: dict | None = None) -> None:
     from dart_hf.model_card import draft_model_card
     from dart_hf.zoo import draft_path, load_draft, load_target
 
-    target, _ = load_target("smollm2-135m-instruct")
+    target, _ = load_target("smollm2-135m-instruct", dtype=torch.float32)
     draft = load_draft(DRAFT_NAME, target)
     state_file = Path(draft_path(DRAFT_NAME)) / "trainer_state.json"
     evals = [e for e in json.loads(state_file.read_text())["log_history"] if "eval_chain_tau" in e]

@@ -17,7 +17,8 @@ def test_run_benchmark_summary_table_and_plot(tmp_path, monkeypatch):
         target, tokenizer, draft, ["set-a", "set-b"], prompts_per_set=2, max_new_tokens=16,
         methods=["vanilla", "prompt_lookup", "dart_chain", "dart_no_ngram", "dart_no_lookup", "dart"],
     )
-    assert set(summary) == {"set-a", "set-b", "overall"}
+    assert set(summary) == {"set-a", "set-b", "overall", "machine"}
+    assert summary["machine"]["dtype"] == "float32" and "near_ties" in summary["overall"]["dart"]
     overall = summary["overall"]
     assert overall["vanilla"]["speedup_total"] == 1.0 and overall["dart"]["prompts"] == 4
     assert overall["dart"]["greedy_mismatches"] == 0 and overall["dart"]["tau"] >= 1.0
@@ -36,6 +37,26 @@ def test_run_benchmark_summary_table_and_plot(tmp_path, monkeypatch):
     assert "{:.2f}-{:.2f}]".format(low, high) in table
     bench.plot(summary, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 1000
+
+
+def test_a_bfloat16_run_times_vanilla_float32_and_judges_divergences_by_near_ties(tmp_path, monkeypatch):
+    """DART and vanilla in bfloat16 beside vanilla float32: speedups over both, and every greedy output either
+    identical to vanilla bfloat16's or diverging at a near-tie of the target's own logits."""
+    import torch
+
+    monkeypatch.setattr(bench, "load_prompts", lambda name, limit: [f"{name} prompt {i}" for i in range(limit)])
+    tiny_target("llama", seed=3).save_pretrained(tmp_path / "target")
+    target = type(tiny_target()).from_pretrained(tmp_path / "target", dtype=torch.bfloat16).eval()
+    draft = DartDraftModel.from_target(target)
+    summary = bench.run_benchmark(target, char_tokenizer(), draft, ["set-a"], prompts_per_set=4, max_new_tokens=48,
+                                  methods=["vanilla", "vanilla_float32", "dart"])
+    assert summary["machine"]["dtype"] == "bfloat16"
+    dart = summary["overall"]["dart"]
+    assert dart["speedup_over_float32_total"] > 0 and "speedup_over_float32_total" in summary["set-a"]["vanilla"]
+    judged = dart["near_ties"]
+    assert judged["prompts"] == 4 and judged["real_divergences"] == 0
+    assert judged["identical"] + judged["near_tie_divergences"] == 4
+    assert "over float32" in bench.markdown_table(summary) and "real divergences" in bench.markdown_table(summary)
 
 
 def test_methods_run_in_reverse_order_on_every_other_prompt(monkeypatch):

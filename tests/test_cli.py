@@ -59,7 +59,7 @@ def test_generate_command_prints_the_answer_tau_and_speedup(tmp_path, capsys):
     tokenizer.save_pretrained(tmp_path / "target")
     DartDraftModel.from_target(target).save_pretrained(tmp_path / "draft")
     main(["generate", "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"), "--prompt", "hi",
-          "--max-new-tokens", "16", "--rounds", "1"])
+          "--max-new-tokens", "16", "--rounds", "1", "--dtype", "float32"])
     printed = capsys.readouterr().out
     inputs = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
                                            return_tensors="pt", return_dict=True)
@@ -67,3 +67,21 @@ def test_generate_command_prints_the_answer_tau_and_speedup(tmp_path, capsys):
     answer = tokenizer.decode(vanilla[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     assert printed.startswith(answer) and "tau " in printed
     assert "speedup over vanilla generate" in printed and "identical to vanilla" in printed
+
+
+def test_generate_command_picks_the_dtype_by_hardware_and_judges_bfloat16_by_near_ties(tmp_path, capsys, monkeypatch):
+    """Without --dtype the target loads in the hardware's fastest dtype (here: a CPU said to multiply bfloat16),
+    printed with the reason; the comparison line is then the near-tie judgement, not a bare identity."""
+    from _helpers import char_tokenizer, tiny_target
+    from dart_hf import DartDraftModel, hardware
+
+    monkeypatch.setattr(hardware, "cpu_info", lambda: hardware.CpuInfo("Test Xeon", ("amx_bf16", "avx512_bf16")))
+    target = tiny_target("llama", seed=8)
+    char_tokenizer().save_pretrained(tmp_path / "target")
+    target.save_pretrained(tmp_path / "target")
+    DartDraftModel.from_target(target).save_pretrained(tmp_path / "draft")
+    main(["generate", "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"), "--prompt", "hi",
+          "--max-new-tokens", "16", "--rounds", "1"])
+    printed = capsys.readouterr().out
+    assert "in bfloat16 on cpu: Test Xeon [amx_bf16 avx512_bf16] multiplies bfloat16 natively" in printed
+    assert "torch.bfloat16: " in printed and "0 real divergences" in printed

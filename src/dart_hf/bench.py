@@ -1,17 +1,19 @@
 """The benchmark harness: DART against vanilla `generate` and prompt-lookup decoding, side by side.
 
 Methods run interleaved prompt by prompt (the same prompts, the same process, the order reversed on every other
-prompt), so machine noise hits all of them alike. Speed is reported as ratios to vanilla float32 `generate`'s
-seconds per new token: the median of per-prompt ratios and the total-time ratio (greedy outputs are the same
-tokens for every method, so these are plain time ratios; sampled ones may end at different lengths). Every
-greedy DART output is checked against vanilla's, and the draft's teacher-forced agreement with vanilla's
-greedy output (alpha_k) is reported per set. Each
-method first runs once untimed on a prompt of its own (first-call setup and DART's one-time cost calibration
-stay out of the timings).
+prompt), so machine noise hits all of them alike. Speed is reported as ratios to vanilla `generate`'s seconds per
+new token in the bench's dtype (`--dtype`, the target's): the median of per-prompt ratios and the total-time ratio
+(greedy outputs are the same tokens for every method, so these are plain time ratios; sampled ones may end at
+different lengths), and, in a low-precision run, over vanilla float32 too. Every greedy DART output is checked
+against vanilla's in the same dtype: identical in float32; in bfloat16 or float16 each divergence is judged a
+near-tie or a real disagreement by the target's own logits (`dart_hf.near_ties`). The draft's teacher-forced
+agreement with vanilla's greedy output (alpha_k) is reported per set. Each method first runs once untimed on a
+prompt of its own (first-call setup and DART's one-time cost calibration stay out of the timings).
 
     dart-hf bench --draft smollm2-135m-instruct-dart            # 20 prompts per set, 32 new tokens, greedy
     dart-hf bench --draft smollm2-135m-instruct-dart --quick    # 2 prompts per set
     dart-hf bench --draft smollm2-135m-instruct-dart --sample   # T=1: no greedy check, no alpha
+    dart-hf bench --draft smollm2-135m-instruct-dart --dtype bfloat16   # against vanilla bfloat16 and float32
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,7 +29,9 @@ import torch
 from tqdm.auto import tqdm
 
 from .files import write_atomically
+from .hardware import device_clock, device_description
 from .modeling_dart import DartDraftModel
+from .near_ties import NearTieReport, describe
 from .prompts import PROMPT_SETS, load_prompts
 from .training.trainer import greedy_agreement
 from .zoo import load_draft, load_target
@@ -39,10 +42,12 @@ WARM_UP_PROMPT = "Say hello."  # not from any prompt set
 # this project's CPU no call passed 2.5x; calls slowed by other work on the machine took 3.4-5.5x
 SLOW_CALL_FACTOR = 3.0
 METHODS = [
-    "vanilla", "vanilla_bf16", "prompt_lookup", "dart_chain", "dart_no_ngram", "dart_no_lookup", "dart_fixed_drafts",
-    "dart_drawn_only", "dart",
+    "vanilla", "vanilla_bf16", "vanilla_float32", "prompt_lookup", "dart_chain", "dart_no_ngram", "dart_no_lookup",
+    "dart_fixed_drafts", "dart_drawn_only", "dart",
 ]
 DEFAULT_METHODS = ["vanilla", "vanilla_bf16", "prompt_lookup", "dart_no_ngram", "dart"]
+# a run whose target is not float32 compares with vanilla float32 in place of vanilla bfloat16
+LOW_PRECISION_METHODS = ["vanilla", "vanilla_float32", "prompt_lookup", "dart_no_ngram", "dart"]
 
 
 @dataclass
@@ -88,23 +93,25 @@ def run_benchmark(
     methods: list[str] | None = None,
     tree_options: dict | None = None,
 ) -> dict:
-    """Run every method on every prompt, interleaved; returns a JSON-ready dict of per-set results."""
-    methods = methods or list(DEFAULT_METHODS)
+    """Run every method on every prompt, interleaved; returns a JSON-ready dict of per-set results. `target`'s
+    dtype is the run's: "vanilla" and the DART methods use it; "vanilla_bf16" / "vanilla_float32" load a copy in
+    that dtype."""
+    methods = methods or list(DEFAULT_METHODS if target.dtype == torch.float32 else LOW_PRECISION_METHODS)
     if "vanilla" not in methods:
         methods = ["vanilla"] + methods  # the reference for every speedup and the greedy check
     if draft is None:
         methods = [m for m in methods if not m.startswith("dart")]
-    bf16_target = None
-    if "vanilla_bf16" in methods:
-        bf16_target = type(target).from_pretrained(target.name_or_path, dtype=torch.bfloat16).eval()
+    other_dtypes = {"vanilla_bf16": torch.bfloat16, "vanilla_float32": torch.float32}
+    copies = {
+        method: type(target).from_pretrained(target.name_or_path, dtype=other_dtypes[method]).to(target.device).eval()
+        for method in methods if method in other_dtypes
+    }
 
     def method_call(method: str) -> tuple:
         """(model, generate kwargs) of a method."""
         kwargs = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, pad_token_id=tokenizer.pad_token_id)
-        model = target
-        if method == "vanilla_bf16":
-            model = bf16_target
-        elif method == "prompt_lookup":
+        model = copies.get(method, target)
+        if method == "prompt_lookup":
             kwargs["prompt_lookup_num_tokens"] = 10
         elif method.startswith("dart"):
             kwargs["assistant_model"] = draft
@@ -140,23 +147,31 @@ def run_benchmark(
     # the evidence it leaves is dropped, since its text is not the benchmark's (its easy replies made the first
     # set's first calls try 33-61-node trees)
     for method in methods:
-        generate(method, chat_inputs(tokenizer, WARM_UP_PROMPT), max_new_tokens=16)
+        generate(method, chat_inputs(tokenizer, WARM_UP_PROMPT).to(target.device), max_new_tokens=16)
     evidence = dict.fromkeys(dart_methods)
 
+    clock = device_clock(target.device)
     results: dict[str, dict[str, MethodResult]] = {}
+    near_ties: dict[str, NearTieReport] = {}
     work = [(name, prompt) for name in sets for prompt in load_prompts(name, prompts_per_set)]
     for index, (set_name, prompt) in enumerate(tqdm(work, desc="benchmark", unit="prompt")):
         per_method = results.setdefault(set_name, {m: MethodResult() for m in methods})
-        inputs = chat_inputs(tokenizer, prompt)
+        inputs = chat_inputs(tokenizer, prompt).to(target.device)
         outputs = {}
         # every other prompt runs the methods in reverse order, so that running first or last (a warm or cold
         # cache, the machine's drift) favours no method
         for method in methods if index % 2 == 0 else methods[::-1]:
             if do_sample:
                 torch.manual_seed(0)
-            start = time.perf_counter()
-            outputs[method] = output = generate(method, inputs)
-            seconds = time.perf_counter() - start
+            # vanilla keeps its logits for the near-tie judgement (generate copies them to float32 at every step
+            # anyway: keeping them costs no time)
+            keep_logits = {"output_logits": True, "return_dict_in_generate": True} if method == "vanilla" else {}
+            start = clock()
+            output = generate(method, inputs, **keep_logits)
+            seconds = clock() - start
+            if keep_logits and not do_sample:
+                vanilla_logits = torch.cat(output.logits)
+            outputs[method] = output = output.sequences if keep_logits else output
             result = per_method[method]
             result.seconds.append(seconds)
             result.tokens.append(output.shape[1] - inputs["input_ids"].shape[1])
@@ -183,22 +198,40 @@ def run_benchmark(
         for method in dart_methods:
             if not torch.equal(outputs[method], reference):
                 per_method[method].mismatches += 1
+        prompt_length = inputs["input_ids"].shape[1]
+        near_ties.setdefault(set_name, NearTieReport()).add_prompt(
+            target, inputs["input_ids"][0], reference[0, prompt_length:], vanilla_logits,
+            {method: outputs[method][0, prompt_length:] for method in dart_methods},
+        )
         if dart_methods:  # untimed: the draft's agreement with vanilla's greedy output
             hits, rows = greedy_agreement(draft, target, reference, inputs["input_ids"].shape[1])
             for method in dart_methods:
                 per_method[method].add_alpha(hits, rows)
-    return summarise(results, sampled=do_sample)
+    summary = summarise(results, sampled=do_sample, near_ties=near_ties)
+    dtype_name = str(target.dtype).removeprefix("torch.")
+    summary["machine"] = {"device": device_description(target.device), "dtype": dtype_name}
+    return summary
 
 
-def summarise(results: dict[str, dict[str, MethodResult]], sampled: bool = False) -> dict:
+def summarise(
+    results: dict[str, dict[str, MethodResult]], sampled: bool = False,
+    near_ties: dict[str, NearTieReport] | None = None,
+) -> dict:
     """Per set and overall: prompts, tokens/s, speedups over vanilla in seconds per new token (median of per-prompt
-    ratios, total), per set the calls over SLOW_CALL_FACTOR times the method's median seconds per new token there
-    (`slow_calls`: other work on the machine), and for DART methods tau, time split, greedy mismatches (None for a
-    `sampled` run, which has no greedy output to compare), plain-decoding share and chosen budget, and for a
-    sampled run the share of the drafted trees that were drawn chains (`drawn_fraction`; the rest deterministic)."""
+    ratios, total) and over vanilla float32 where the run has it (`speedup_over_float32_total`), per set the calls
+    over SLOW_CALL_FACTOR times the method's median seconds per new token there (`slow_calls`: other work on the
+    machine), and for DART methods tau, time split, greedy mismatches (None for a `sampled` run, which has no
+    greedy output to compare), the near-tie judgement of those mismatches (`near_ties`, from the per-set
+    `near_ties` reports, all judged by the whole run's rounding scale), plain-decoding share and chosen budget, and
+    for a sampled run the share of the drafted trees that were drawn chains (`drawn_fraction`; the rest
+    deterministic)."""
     summary = {}
+    near_ties = near_ties or {}
+    whole_run = NearTieReport.merged(list(near_ties.values()))
     for set_name, per_method in list(results.items()) + [("overall", _merge(results))]:
         vanilla = per_method.get("vanilla")
+        float32 = per_method.get("vanilla_float32")
+        report = whole_run if set_name == "overall" else near_ties.get(set_name)
         rows = {}
         for method, result in per_method.items():
             row = {
@@ -218,11 +251,18 @@ def summarise(results: dict[str, dict[str, MethodResult]], sampled: bool = False
                 )
                 row["seconds"] = result.seconds
                 row["tokens"] = result.tokens
+            if float32 is not None:
+                row["speedup_over_float32_total"] = float(
+                    speedup(float32.seconds, result.seconds, float32.tokens, result.tokens))
+                row["speedup_over_float32_ci95"] = bootstrap_interval(
+                    float32.seconds, result.seconds, float32.tokens, result.tokens)
             if result.verify_steps or result.plain_steps:
                 row["tau"] = statistics.fmean(result.taus) if result.taus else 1.0
                 total = sum(result.split.values())
                 row["time_split"] = {part: value / total for part, value in result.split.items()} if total else {}
                 row["greedy_mismatches"] = None if sampled else result.mismatches
+                if report is not None and method in report.gaps:
+                    row["near_ties"] = report.summary(method, rounding_scale=whole_run.rounding_scale)
                 row["plain_fraction"] = result.plain_steps / (result.plain_steps + result.verify_steps)
                 row["lookup_fraction"] = result.lookup_steps / (result.plain_steps + result.verify_steps)
                 row["budget_chosen"] = statistics.median(result.budgets) if result.budgets else 0
@@ -287,9 +327,17 @@ def _merge(results: dict[str, dict[str, MethodResult]]) -> dict[str, MethodResul
     return merged
 
 
+def result_sets(summary: dict) -> dict[str, dict]:
+    """The per-set (and overall) rows of a summary, without its `machine` entry."""
+    return {name: rows for name, rows in summary.items() if name != "machine"}
+
+
 def markdown_table(summary: dict) -> str:
     """The summary as a markdown table: total-time speedup per set and method with its 95% bootstrap interval over
-    the prompts, and for DART tau and the shares of plain-decoding and context-lookup steps."""
+    the prompts (and over vanilla float32 where the run has it), for DART tau and the shares of plain-decoding and
+    context-lookup steps; then the draft's alpha, the near-tie judgement of a low-precision run and the machine."""
+    machine = summary.get("machine")
+    summary = result_sets(summary)
     methods = list(next(iter(summary.values())))
     header = "| set | " + " | ".join(f"{m} speedup (tau)" for m in methods) + " |"
     lines = [header, "|" + " --- |" * (len(methods) + 1)]
@@ -300,6 +348,8 @@ def markdown_table(summary: dict) -> str:
             cell = f"{row.get('speedup_total', 1.0):.2f}x"
             if method != "vanilla" and "speedup_total_ci95" in row:
                 cell += " [{:.2f}-{:.2f}]".format(*row["speedup_total_ci95"])
+            if method != "vanilla_float32" and "speedup_over_float32_total" in row:
+                cell += f", {row['speedup_over_float32_total']:.2f}x over float32"
             if "tau" in row:
                 shares = [f"{row[key]:.0%} {name}" for key, name in (("plain_fraction", "plain"),
                           ("lookup_fraction", "lookup"), ("drawn_fraction", "drawn")) if row.get(key)]
@@ -317,11 +367,17 @@ def markdown_table(summary: dict) -> str:
         for set_name, alpha in alphas.items():
             if alpha is not None:
                 lines.append(f"| {set_name} | " + " | ".join(f"{a:.1%}" for a in alpha) + " |")
+    judged = {method: row["near_ties"] for method, row in summary.get("overall", {}).items() if "near_ties" in row}
+    if judged:
+        lines += ["", "Greedy outputs against vanilla's in the same dtype (`dart_hf.near_ties`):", ""]
+        lines += [f"- {method}: {describe(judgement)}" for method, judgement in judged.items()]
     slow = [f"{set_name} {method} {row['slow_calls']}" for set_name, rows in summary.items()
             for method, row in rows.items() if row.get("slow_calls")]
     if slow:
         lines += ["", f"Calls over {SLOW_CALL_FACTOR:g}x their method's median seconds per new token on the set (other "
                   f"work on the machine? rerun those sets): {', '.join(slow)}."]
+    if machine:
+        lines += ["", f"Machine: {machine['device']}; the target in {machine['dtype']}."]
     return "\n".join(lines)
 
 
@@ -332,6 +388,7 @@ def plot(summary: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    summary = result_sets(summary)
     sets = list(summary)
     methods = list(summary[sets[0]])
     figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
@@ -341,7 +398,8 @@ def plot(summary: dict, path: Path) -> None:
         left.bar(positions, [summary[s][method].get("speedup_total", 1.0) for s in sets], width, label=method)
         if "tau" in summary[sets[0]][method]:
             right.bar(positions, [summary[s][method]["tau"] for s in sets], width, label=method)
-    for axis, title in ((left, "speedup over vanilla float32 (total time)"), (right, "tau (tokens per verify step)")):
+    titles = ((left, "speedup over vanilla in the same dtype (total time)"), (right, "tau (tokens per verify step)"))
+    for axis, title in titles:
         axis.set_xticks([i + 0.4 - width / 2 for i in range(len(sets))], sets, rotation=30)
         axis.set_title(title)
         axis.legend(fontsize=7)
@@ -363,12 +421,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sample", action="store_true", help="T=1 sampling instead of greedy")
     parser.add_argument("--quick", action="store_true", help="2 prompts per set, 32 new tokens")
     parser.add_argument("--tree-budget", type=int, default=None, help="tree nodes (default: the draft's config)")
-    parser.add_argument("--methods", nargs="+", default=None, choices=METHODS, help=f"default: {DEFAULT_METHODS}")
+    parser.add_argument("--methods", nargs="+", default=None, choices=METHODS,
+                        help=f"default: {DEFAULT_METHODS} in float32, else {LOW_PRECISION_METHODS}")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "auto"], default="float32",
+                        help="the target's dtype for vanilla and DART (auto: the fastest this hardware has, as "
+                        "`zoo.load_target` picks it); a low-precision run also times vanilla float32")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/bench"))
     args = parser.parse_args(argv)
     if args.quick:
         args.prompts_per_set, args.max_new_tokens = 2, 32
-    target, tokenizer = load_target(args.target)
+    target, tokenizer = load_target(args.target, dtype=None if args.dtype == "auto" else getattr(torch, args.dtype))
     draft = load_draft(args.draft, target) if args.draft else None
     summary = run_benchmark(
         target, tokenizer, draft, args.sets, args.prompts_per_set, args.max_new_tokens, do_sample=args.sample,

@@ -54,6 +54,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from .files import write_atomically
+from .hardware import device_description, synchronize
 from .tree import Tree
 from .verify import forward_tree
 
@@ -138,12 +139,14 @@ def cost_cache_dir() -> Path:
 
 
 def calibration_key(target: PreTrainedModel) -> str:
-    """What the forward cost depends on: the model (name, size, dtype, attention), the device and the threads."""
+    """What the forward cost depends on: the model (name, size, dtype, attention), the device with what it is (the
+    CPU's model and bfloat16 flags, or the GPU's name: `hardware.device_description`), the threads and torch."""
     config = target.config
     size = sum(p.numel() for p in target.parameters())
     return (
         f"{config._name_or_path or config.model_type}|{config.model_type}|{size}|{target.dtype}|"
-        f"{config._attn_implementation}|{target.device}|threads={torch.get_num_threads()}|torch={torch.__version__}"
+        f"{config._attn_implementation}|{target.device}|{device_description(target.device)}|"
+        f"threads={torch.get_num_threads()}|torch={torch.__version__}"
     )
 
 
@@ -184,10 +187,10 @@ def calibrate_forward_costs(
     for repeat in range(repeats + 1):  # round-robin over the sizes, so machine drift hits them alike
         for index, tree in enumerate(trees):
             for layout in layouts if (repeat + index) % 2 == 0 else layouts[::-1]:
-                _synchronize(target.device)
+                synchronize(target.device)
                 start = time.perf_counter()
                 forward_tree(target, tree, cache, feature_layers, weight_major=layout)
-                _synchronize(target.device)
+                synchronize(target.device)
                 if repeat > 0:  # the first round warms up
                     times[layout][index].append(time.perf_counter() - start)
                 cache.crop(-len(tree))
@@ -238,19 +241,14 @@ def calibrate_draft_costs(
     times = [[] for _ in range(config.draft_length)]
     for repeat in range(repeats + 1):
         for levels, level_times in enumerate(times, start=1):
-            _synchronize(draft.device)
+            synchronize(draft.device)
             start = time.perf_counter()
             draft(features, input_ids=input_ids, cache=cache, num_masks=levels - 1)
-            _synchronize(draft.device)
+            synchronize(draft.device)
             if repeat > 0:  # the first round warms up
                 level_times.append(time.perf_counter() - start)
             cache.crop(-(real_rows + levels - 1))
     return DraftCosts([min(level_times) for level_times in times])
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type != "cpu" and hasattr(torch, "accelerator"):
-        torch.accelerator.synchronize(device)
 
 
 @dataclass

