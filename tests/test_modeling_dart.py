@@ -184,7 +184,8 @@ def test_rows_whose_logits_are_not_kept_skip_their_attention_output_exactly():
                 assert torch.equal(runs[keep][1], keys) and torch.equal(runs[keep][2], values)
 
 
-def test_sliding_window_targets_are_exact_inside_the_window_and_refused_beyond():
+def test_sliding_window_targets_are_exact_inside_the_window():
+    """In float64, inside a window of 256 (past it, at any length: test_sliding_window.py)."""
     fields = dict(
         vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=64, num_hidden_layers=6, num_attention_heads=4,
         num_key_value_heads=1, head_dim=16, max_position_embeddings=1024, eos_token_id=None, bos_token_id=None,
@@ -196,8 +197,6 @@ def test_sliding_window_targets_are_exact_inside_the_window_and_refused_beyond()
     for prompt in prompts(2, seed=21):
         expected = target.generate(prompt, max_new_tokens=64, do_sample=False)
         assert torch.equal(target.generate(prompt, max_new_tokens=64, assistant_model=draft), expected)
-    with pytest.raises(ValueError, match="sliding-window attention \\(window 256\\)"):
-        target.generate(prompts(1)[0], max_new_tokens=200, assistant_model=draft)
 
 
 # ----- parity with the reference implementation's forward (fvliang/DART `LlamaForCausalLMDart` + `compute_logits`) --

@@ -56,7 +56,7 @@ from transformers import DynamicCache, PreTrainedModel
 from .files import write_atomically
 from .hardware import device_description, synchronize
 from .tree import Tree
-from .verify import forward_tree
+from .verify import compact_cache, forward_tree
 
 # the version of what `forward_tree` runs: part of the calibration key, so that costs cached on disk for another
 # version of it are measured again (its changes are listed in docs/HISTORY.md)
@@ -193,7 +193,7 @@ def calibrate_forward_costs(
                 synchronize(target.device)
                 if repeat > 0:  # the first round warms up
                     times[layout][index].append(time.perf_counter() - start)
-                cache.crop(-len(tree))
+                compact_cache(cache, context_length, [])  # drop the tree (sliding-window layers too)
     # not smoothed into a rising curve: on a 2-core CPU's float32 matmuls 4, 5, 9 and 17 nodes measured 116-125 ms
     # where 3 and 7 took 146-153 ms (the same at a 400-token context), so the budget of 3 nodes was the dearer one
     seconds, weight_major_seconds = ([min(size_times) for size_times in times[layout]] for layout in layouts)

@@ -22,9 +22,9 @@ from transformers import (
     StoppingCriteriaList,
     StopStringCriteria,
 )
-from transformers.cache_utils import DynamicSlidingWindowLayer
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from . import sliding_window
 from .budget import (
     AdaptiveBudget,
     PolicyChoice,
@@ -184,7 +184,7 @@ def _decode(
             "is not supported (drop `cache_implementation` / `past_key_values`)."
         )
     max_budgets = [getattr(policy, "budget", config.tree_budget) for policy in policies]
-    _check_sliding_window(cache, generation_config.max_length, max(*max_budgets, lookup_length))
+    _check_sliding_window(model, cache, generation_config.max_length, max(*max_budgets, lookup_length))
 
     pad_prefix, input_ids = _strip_left_padding(input_ids, model_kwargs.get("attention_mask"))
     check_prompt_not_empty(input_ids)
@@ -376,7 +376,7 @@ def adaptive_budget(
         costs = state.forward_costs[key] = calibrate_forward_costs(target, list(draft.config.feature_layers), max_nodes)
     if state.draft_costs is None:
         state.draft_costs = calibrate_draft_costs(draft)
-    # forwards padded to a faster size never run more rows than the largest tree (`_check_sliding_window`'s bound)
+    # forwards padded to a faster size never run more rows than the largest tree
     costs = dataclasses.replace(costs, max_rows=max_nodes)
     controllers = [
         AdaptiveBudget(
@@ -562,15 +562,20 @@ def _check_generation_options(input_ids: torch.Tensor, generation_config: Genera
         )
 
 
-def _check_sliding_window(cache: DynamicCache, max_length: int, tree_budget: int) -> None:
-    """Sliding-window layers drop their oldest keys, which tree verification cannot undo; they are exact here as
-    long as the whole generation plus one tree fits inside the window."""
-    for layer in cache.layers:
-        if isinstance(layer, DynamicSlidingWindowLayer) and max_length + tree_budget >= layer.sliding_window:
+def _check_sliding_window(model: PreTrainedModel, cache: DynamicCache, max_length: int, tree_budget: int) -> None:
+    """Sliding-window layers are verified exactly at any length (`dart_hf.sliding_window`) where the model takes
+    their masks; the Triton tree-attention kernel has no window, so with it they are exact only while the whole
+    generation plus one tree fits inside the window."""
+    sliding_window.check_supported(model, cache)
+    if model.config._attn_implementation != "dart_tree":
+        return
+    for layer in sliding_window.sliding_layers(cache):
+        if max_length + tree_budget >= layer.sliding_window:
             raise ValueError(
-                f"The target has sliding-window attention (window {layer.sliding_window}); DART supports it only "
-                f"while max_length + tree_budget stays below the window, got {max_length} + {tree_budget}. "
-                "Lower max_new_tokens or tree_budget."
+                f"The target has sliding-window attention (window {layer.sliding_window}) and runs the Triton "
+                "tree-attention kernel (attn_implementation='dart_tree'), which has no window: exact only while "
+                f"max_length + tree_budget stays below the window, got {max_length} + {tree_budget}. Use "
+                "attn_implementation='sdpa' (any length), or lower max_new_tokens or tree_budget."
             )
 
 

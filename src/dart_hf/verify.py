@@ -12,7 +12,7 @@ import torch
 from transformers import LogitsProcessorList, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
 
-from . import kernels
+from . import kernels, sliding_window
 from .attention import grouped_query_sdpa
 from .features import forward_with_features
 from .tree import Tree
@@ -52,10 +52,13 @@ def forward_tree(
     past_len = cache.get_seq_length()
     if target.config._attn_implementation == "dart_tree":  # the tree travels as packed bits, no dense mask
         attention = {"dart_tree": kernels.TreeAttentionMetadata.from_parents(tree.parents.to(device), past_len)}
-    else:
-        attention = {"attention_mask": tree_attention_mask(tree, past_len, target.dtype, device)}
+    else:  # one mask, or one per layer type where some layers attend within a sliding window
+        mask = tree_attention_mask(tree, past_len, target.dtype, device)
+        attention = {"attention_mask": sliding_window.attention_masks(mask, tree, cache, past_len)}
     layout = weight_major_linears(target) if weight_major else contextlib.nullcontext()
-    with grouped_query_sdpa(target), layout:  # on a CPU, sdpa without copying the cache per query head
+    # on a CPU, sdpa without copying the cache per query head; sliding-window layers keep the keys the tree's
+    # rejected nodes would push out of their window, until `compact_cache`
+    with grouped_query_sdpa(target), layout, sliding_window.keeping_every_key(cache):
         outputs, features = forward_with_features(
             target,
             feature_layers,
@@ -157,20 +160,24 @@ def compact_cache(cache: Cache, past_len: int, path: list[int]) -> None:
     """Keep, after the first `past_len` cached positions, only the tree nodes in `path` (increasing indices).
 
     The accepted rows move into place in each layer's `[B, H_kv, T, D]` keys and values; the rest is cut off.
+    Sliding-window layers, which kept every key through the tree forward, are trimmed back to their window
+    (`sliding_window.compact_sliding_layer`).
     """
     new_len = past_len + len(path)
+    full_layers = [layer for layer in cache.layers if not isinstance(layer, DynamicSlidingWindowLayer)]
+    for layer in cache.layers:
+        if isinstance(layer, DynamicSlidingWindowLayer):
+            sliding_window.compact_sliding_layer(layer, past_len, path)
     in_place = 0  # the leading path nodes that already sit where they belong (a chain's whole path) move nowhere
     while in_place < len(path) and path[in_place] == in_place:
         in_place += 1
-    if in_place < len(path):
-        device = cache.layers[0].keys.device
+    if in_place < len(path) and full_layers:
+        device = full_layers[0].keys.device
         kernels.compact_kv(
-            [tensor for layer in cache.layers for tensor in (layer.keys, layer.values)],
+            [tensor for layer in full_layers for tensor in (layer.keys, layer.values)],
             past_len + in_place,
             torch.tensor([node - in_place for node in path[in_place:]], dtype=torch.long, device=device),
         )
-    for layer in cache.layers:
+    for layer in full_layers:
         layer.keys = layer.keys[:, :, :new_len]
         layer.values = layer.values[:, :, :new_len]
-        if isinstance(layer, DynamicSlidingWindowLayer):
-            layer.cumulative_length = new_len
