@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TextStreamer
 
 from dart_hf import DartDraftModel, NgramTable
 from dart_hf.hardware import device_clock
-from dart_hf.near_ties import NearTieReport, describe
+from dart_hf.near_ties import compare_with_vanilla
 
 device = "cuda" if torch.cuda.is_available() else "cpu"
 target = AutoModelForCausalLM.from_pretrained(TARGET, dtype="auto").to(device).eval()
@@ -77,12 +77,5 @@ for _ in range(3):
     dart_out, dart_seconds = timed(assistant_model=draft)
     seconds["vanilla"] += vanilla_seconds
     seconds["dart"] += dart_seconds
-length = inputs["input_ids"].shape[1]
-if target.dtype == torch.float32:
-    print(f"identical to vanilla: {torch.equal(vanilla_out.sequences, dart_out)}")
-else:
-    report = NearTieReport()
-    report.add_prompt(target, inputs["input_ids"][0], vanilla_out.sequences[0, length:], torch.cat(vanilla_out.logits),
-                      {"dart": dart_out[0, length:]})
-    print(f"{target.dtype}: {describe(report.summary('dart'))}")
+print(compare_with_vanilla(target, inputs["input_ids"], vanilla_out, dart_out))
 print(f"speedup over vanilla generate: {seconds['vanilla'] / seconds['dart']:.2f}x (tau {draft.stats.tau:.2f})")

@@ -43,7 +43,7 @@ def generate_command(args: argparse.Namespace) -> None:
 
     from .bench import chat_inputs
     from .hardware import device_clock
-    from .near_ties import NearTieReport, describe
+    from .near_ties import compare_with_vanilla
     from .zoo import load_draft, load_target
 
     target, tokenizer = load_target(args.target, dtype=None if args.dtype == "auto" else getattr(torch, args.dtype))
@@ -75,14 +75,8 @@ def generate_command(args: argparse.Namespace) -> None:
     if not args.no_compare:
         if args.sample:
             same = "sampled: outputs differ from vanilla's by design"
-        elif target.dtype == torch.float32:
-            same = "identical to vanilla" if torch.equal(output, vanilla.sequences) else "DIFFERS from vanilla"
-        else:  # low precision: a divergence is judged by the target's own logits (dart_hf.near_ties)
-            length = inputs["input_ids"].shape[1]
-            report = NearTieReport()
-            report.add_prompt(target, inputs["input_ids"][0], vanilla.sequences[0, length:], torch.cat(vanilla.logits),
-                              {"dart": output[0, length:]})
-            same = f"{target.dtype}: {describe(report.summary('dart'))}"
+        else:  # in low precision a divergence is judged by the target's own logits (dart_hf.near_ties)
+            same = compare_with_vanilla(target, inputs["input_ids"], vanilla, output)
         speedup = seconds["vanilla"] / seconds["dart"]
         print(f"speedup over vanilla generate: {speedup:.2f}x ({max(args.rounds, 1)} rounds after a warm-up); {same}")
 

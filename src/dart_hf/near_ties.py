@@ -124,3 +124,16 @@ def describe(summary: dict) -> str:
         f"{s['rounding_scale']:.3g}, the most rounding moved a leading gap on these prompts); vanilla matches its "
         f"own uncached recomputation on {s['vanilla_self_identical']}/{s['prompts']}"
     )
+
+
+def compare_with_vanilla(target, prompt_ids: torch.Tensor, vanilla, output: torch.Tensor) -> str:
+    """One line on a greedy DART `output` `[1, S + M]` against vanilla `generate`'s on the same prompt `prompt_ids`
+    `[1, S]` (`vanilla`: its output with `output_logits=True, return_dict_in_generate=True`): in float32 whether
+    the two are identical; in lower precision the near-tie judgement of this one prompt."""
+    if target.dtype == torch.float32:
+        return f"identical to vanilla: {torch.equal(output, vanilla.sequences)}"
+    length = prompt_ids.shape[1]
+    report = NearTieReport()
+    report.add_prompt(target, prompt_ids[0], vanilla.sequences[0, length:], torch.cat(vanilla.logits),
+                      {"dart": output[0, length:]})
+    return f"{target.dtype}: {describe(report.summary('dart'))}"
