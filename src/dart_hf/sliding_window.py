@@ -17,6 +17,7 @@ the sliding mask alone. Transformers' own assisted decoding (`dart_chain=True`) 
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from collections.abc import Iterator
 
@@ -61,8 +62,14 @@ def check_supported(model: PreTrainedModel, cache: Cache) -> None:
 def takes_mask_per_layer_type(model: PreTrainedModel) -> bool:
     """Whether the model's decoder forward accepts a dict of masks keyed by layer type (Transformers 5.x names it
     `causal_mask_mapping` in every model that does)."""
+    return _forward_takes_mask_mapping(type(model.base_model))
+
+
+@functools.cache
+def _forward_takes_mask_mapping(model_class: type) -> bool:
+    """Read once per class: every `generate` call checks its target."""
     try:
-        return "causal_mask_mapping" in inspect.getsource(type(model.base_model).forward)
+        return "causal_mask_mapping" in inspect.getsource(model_class.forward)
     except (OSError, TypeError):
         return False
 
