@@ -1,7 +1,8 @@
 """GPU timing of the tree step (issue: Triton kernels), for a machine with CUDA and triton.
 
 On a Qwen3-8B-shaped random-weight target in bfloat16 (36 layers, hidden 4096, 32 / 8 heads, head_dim 128): one
-verify step of a 60-node tree after a 1k-4k prefix, with sdpa + a dense float mask against
+verify step of a 60-node tree after a 1k-4k prefix (beside a one-token forward and a deep copy of the cache), with
+sdpa + a dense float mask against
 attn_implementation="dart_tree" (Triton tree attention from packed bits); the mask build (torch vs Triton); the KV
 compaction (torch vs Triton); the draft forward; the tree search. Medians of CUDA-synchronised timings.
 `--tiny` runs the same code on a small CPU model (to check the script, not to time it).
@@ -62,10 +63,11 @@ def main() -> None:
         args.prefixes, args.repeats = [64], 2
     results = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "dtype": str(dtype)}
     config = Qwen3Config(max_position_embeddings=8192, **shape)
-    models = {
-        name: Qwen3ForCausalLM._from_config(config, attn_implementation=name, dtype=dtype).to(device).eval()
-        for name in ("sdpa", "dart_tree")
-    }
+    with device:  # random weights made where they are used: an 8B model's initialisation on the CPU takes minutes
+        models = {
+            name: Qwen3ForCausalLM._from_config(config, attn_implementation=name, dtype=dtype).eval()
+            for name in ("sdpa", "dart_tree")
+        }
     models["dart_tree"].load_state_dict(models["sdpa"].state_dict())
     draft = DartDraftModel.from_target(models["sdpa"])
     policy = BeamSearchTreePolicy()
@@ -77,9 +79,17 @@ def main() -> None:
         cache = DynamicCache(config=config)
         with torch.no_grad():
             models["sdpa"](input_ids=ids, cache=cache, use_cache=True)
+        def one_token():
+            with torch.no_grad():
+                models["sdpa"](input_ids=ids[:, -1:], cache=cache, use_cache=True)
+            cache.crop(prefix - cache.get_seq_length())  # back to the prefix (5.25 takes a negative count)
+
+        row["one_token_forward_ms"] = timed(one_token, args.repeats, device)
+        row["cache_deepcopy_ms"] = timed(lambda: copy.deepcopy(cache), args.repeats, device)
         for name, model in models.items():
             def verify(model=model):
-                forward_tree(model, tree, copy.deepcopy(cache), draft.config.feature_layers)
+                forward_tree(model, tree, cache, draft.config.feature_layers)
+                cache.crop(prefix - cache.get_seq_length())  # every call verifies after the same prefix
             os.environ["DART_HF_KERNELS"] = "triton" if name == "dart_tree" else "torch"
             row[f"verify_{name}_ms"] = timed(verify, args.repeats, device)
         parents = tree.parents.to(device)

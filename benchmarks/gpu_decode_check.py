@@ -35,13 +35,15 @@ def random_target(tiny: bool, dtype: torch.dtype, device: str):
              num_key_value_heads=8, head_dim=128, vocab_size=151936)  # Qwen3-1.7B's shape
     torch.manual_seed(0)
     config = Qwen3Config(**size, max_position_embeddings=4096, eos_token_id=None, bos_token_id=None, pad_token_id=0)
-    return AutoModelForCausalLM.from_config(config, dtype=dtype).to(device).eval()
+    with torch.device(device):  # random weights made on the GPU: faster than on the CPU and then copied
+        return AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--dtypes", nargs="+", choices=["float32", "default"], default=["float32", "default"])
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     device = "cpu" if args.tiny else "cuda"
@@ -51,6 +53,8 @@ def main() -> None:
                for n in (32, 200, 700)]
     settings = dict(max_new_tokens=args.new_tokens, do_sample=False)
     for name, run_dtype in (("float32", torch.float32), ("default", dtype)):
+        if name not in args.dtypes:
+            continue
         target = random_target(args.tiny, run_dtype, device)
         draft = DartDraftModel.from_target(target)
         near_ties, identical = NearTieReport(), 0

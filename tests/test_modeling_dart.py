@@ -318,3 +318,17 @@ def test_the_double_norm_is_the_released_layout_only(tmp_path):
     features, ids = torch.randn(1, 4, 3 * H), torch.randint(0, VOCAB_SIZE, (1, 4))
     with torch.no_grad():
         torch.testing.assert_close(loaded(features, input_ids=ids).logits, draft(features, input_ids=ids).logits)
+
+
+def test_a_target_with_one_rope_per_layer_type_gives_the_draft_its_full_attention_rope():
+    """Gemma 3 keeps a RoPE per layer type; the draft attends to the whole sequence, so it takes the full-attention
+    layers' (rope_theta 1e6 here), as one plain RoPE."""
+    config = Gemma3TextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                              num_key_value_heads=1, head_dim=16, vocab_size=128)
+    target = AutoModelForCausalLM.from_config(config).eval()
+    assert set(target.config.rope_parameters) == {"full_attention", "sliding_attention"}
+    draft = DartDraftModel.from_target(target)
+    assert draft.config.rope_parameters["rope_theta"] == 1_000_000.0
+    assert not {"full_attention", "sliding_attention"} & set(draft.config.rope_parameters)
+    expected = 1.0 / 1_000_000.0 ** (torch.arange(0, 16, 2).float() / 16)
+    torch.testing.assert_close(draft.rotary_emb.inv_freq, expected)

@@ -240,7 +240,7 @@ def test_flex_block_mask_equals_the_dense_mask(num_prefix, anchors):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="FlexAttention has no backward on CPU (torch raises)")
 def test_flex_gradients_equal_dense_gradients_on_cuda():
     layout = prefix_shared_layout(150, torch.tensor([3, 64, 100, 149]), 7)
-    target = tiny_target("llama").cuda()
+    target = tiny_target("llama", num_attention_heads=2, num_key_value_heads=1).cuda()  # FlexAttention: head_dim 16
     generator = torch.Generator().manual_seed(1)
     features = torch.randn(2, 150, 96, generator=generator).cuda()
     next_ids = torch.randint(0, 128, (2, 150), generator=generator).cuda()
@@ -259,9 +259,18 @@ def test_flex_gradients_equal_dense_gradients_on_cuda():
 
 def test_flex_training_on_cpu_is_refused_with_the_fix(tmp_path):
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[])
-    target = tiny_target()
-    with pytest.raises(ValueError, match="training_attention='dense'"):
+    target = tiny_target(num_attention_heads=2, num_key_value_heads=1)  # heads of 16: the CPU is what is refused
+    with pytest.raises(ValueError, match="no backward pass on CPU.*training_attention='dense'"):
         DartTrainer(model=DartDraftModel.from_target(target), args=args, target=target, training_attention="flex")
+
+
+def test_flex_training_of_heads_under_16_dimensions_is_refused_with_the_fix(tmp_path):
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[])
+    target = tiny_target()  # 4 heads of 8 dimensions
+    with pytest.raises(ValueError, match="at least 16, and this draft's is 8: .*training_attention='dense'"):
+        DartTrainer(model=DartDraftModel.from_target(target), args=args, target=target, training_attention="flex")
+    trainer = DartTrainer(model=DartDraftModel.from_target(target), args=args, target=target)
+    assert trainer.training_attention == "dense"
 
 
 def test_draft_rows_flex_equals_dense(tmp_path):

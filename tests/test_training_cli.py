@@ -113,3 +113,32 @@ def test_train_with_a_bfloat16_teacher(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps({**config, "output_dir": str(tmp_path / "bad"), "target_dtype": "bf16"}))
     with pytest.raises(ValueError, match="--target_dtype must be float32, bfloat16 or float16"):
         main(["train", str(tmp_path / "bad.json")])
+
+
+def test_self_distill_of_a_base_model_keeps_its_bos_and_cuts_prompts(tmp_path):
+    """A tokenizer without a chat template (a base model such as Gemma 3 270M): prompts are encoded as
+    `tokenizer(text)` encodes them for `generate`, BOS included, and `--prompt-tokens` keeps their first N tokens."""
+    from tokenizers import processors
+
+    target = tiny_target("llama", seed=7)
+    target.save_pretrained(tmp_path / "target")
+    tokenizer = char_tokenizer()
+    tokenizer.chat_template = None
+    bos = tokenizer.convert_ids_to_tokens(1)
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", special_tokens=[(bos, 1)]
+    )
+    tokenizer.save_pretrained(tmp_path / "target")
+    texts = ["a long text to continue, longer than ten tokens", "short"]
+    (tmp_path / "prompts.jsonl").write_text("\n".join(json.dumps({"prompt": t}) for t in texts) + "\n")
+    main(["self-distill", "--target", str(tmp_path / "target"), str(tmp_path / "prompts.jsonl"), "--output",
+          str(tmp_path / "out.jsonl"), "--max-new-tokens", "6", "--prompt-tokens", "10", "--batch-size", "1"])
+    lines = (tmp_path / "out.jsonl").read_text().strip().split("\n")
+    records = sorted((json.loads(line) for line in lines), key=lambda r: r["id"])
+    for text, record in zip(texts, records):
+        expected = tokenizer(text + "\n").input_ids
+        assert expected[0] == 1 and record["prompt_ids"] == expected[:10]
+        prompt = torch.tensor([record["prompt_ids"]])
+        reply = target.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=6, do_sample=False)
+        reply = reply[0, prompt.shape[1] :]  # with the mask, as self-distill calls it (a tiny model's near-ties)
+        assert record["response_ids"] == reply.tolist()

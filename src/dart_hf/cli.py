@@ -115,6 +115,8 @@ def self_distill_command(args: argparse.Namespace) -> None:
         conversations += [[{"role": "user", "content": text}] for text in training_prompts(args.prompt_set)]
     prompts = [tokenize_conversation(tokenizer, messages)[0] for messages in conversations]
     prompts = prompts[: args.limit] if args.limit else prompts
+    if args.prompt_tokens:  # text continuation for a base model: the first N tokens of each text
+        prompts = [ids[: args.prompt_tokens] for ids in prompts]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     examples = self_distill(
         target, prompts, args.output, args.max_new_tokens, args.batch_size, pad_token_id=pad, scheduler=args.scheduler,
@@ -277,6 +279,10 @@ def main(argv: list[str] | None = None) -> None:
     distill.add_argument("--max-new-tokens", type=int, default=256)
     distill.add_argument("--batch-size", type=int, default=16)
     distill.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    distill.add_argument(
+        "--prompt-tokens", type=int, default=None, metavar="N",
+        help="cut each prompt to its first N tokens (a base model continuing text, as its benchmark prompts do)",
+    )
     distill.add_argument(
         "--scheduler", choices=["auto", "continuous", "static"], default="auto",
         help="continuous: Transformers' continuous batching, finished rows are refilled at once; static: "

@@ -248,6 +248,10 @@ class DartDraftModel(DartPreTrainedModel):
         vocabulary needs `draft_to_target_ids` `[V_d]`: the target id of each draft id."""
         text_config = target.config.get_text_config()
         num_layers = text_config.num_hidden_layers
+        rope_parameters = getattr(text_config, "rope_parameters", None)
+        if isinstance(rope_parameters, dict) and "full_attention" in rope_parameters:
+            # one RoPE per layer type (Gemma 3): the draft attends to the whole sequence, as full-attention layers do
+            rope_parameters = rope_parameters["full_attention"]
         fields = {
             "vocab_size": text_config.vocab_size,
             "hidden_size": text_config.hidden_size,
@@ -259,7 +263,7 @@ class DartDraftModel(DartPreTrainedModel):
             "head_dim": getattr(text_config, "head_dim", None),
             "rms_norm_eps": getattr(text_config, "rms_norm_eps", 1e-6),
             "max_position_embeddings": getattr(text_config, "max_position_embeddings", 2048),
-            "rope_parameters": getattr(text_config, "rope_parameters", None),
+            "rope_parameters": rope_parameters,
             "feature_layers": default_feature_layers(num_layers),
             "eos_token_id": getattr(text_config, "eos_token_id", None),
         }

@@ -78,11 +78,15 @@ def tree_attention_triton(
     bits = tree.ancestor_bits.to(query.device).contiguous()
     block_m, block_n = 16, 32
     grid = (triton.cdiv(num_nodes, block_m), batch * heads)
+    # float32 inputs: full-precision products, as sdpa computes float32 (Triton's default on NVIDIA GPUs is TF32,
+    # 10 mantissa bits, which would let the tree's logits drift from vanilla's); 16-bit keys and values are exact
+    # in TF32, and the probabilities are rounded more finely than the 16-bit rounding sdpa gives them
+    precision = "ieee" if query.dtype == torch.float32 else "tf32"
     _tree_attention_kernel()[grid](
         query, key, value, output, bits, tree.past_len, num_nodes, kv_len, scaling,
         *query.stride()[:3], *key.stride()[:3], *value.stride()[:3], *output.stride()[:3],
         bits.stride(0), heads, heads // kv_heads, head_dim,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), PRECISION=precision,
     )
     return output
 
@@ -102,7 +106,7 @@ def _tree_attention_kernel():
             stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
             stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
             bits_stride, heads, groups, head_dim,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
         ):
             block = tl.program_id(0)
             batch_head = tl.program_id(1)
@@ -127,7 +131,7 @@ def _tree_attention_kernel():
                     k_ptr + b * stride_kb + kv_h * stride_kh + columns[None, :] * stride_kn + dims[:, None],
                     mask=column_ok[None, :] & dim_ok[:, None], other=0.0,
                 ).to(tl.float32)
-                scores = tl.dot(q, k) * scaling  # [M, N]
+                scores = tl.dot(q, k, input_precision=PRECISION) * scaling  # [M, N]
                 node = columns - past_len
                 in_tree = node >= 0
                 word = tl.load(
@@ -146,7 +150,7 @@ def _tree_attention_kernel():
                     mask=column_ok[:, None] & dim_ok[None, :], other=0.0,
                 ).to(tl.float32)
                 running_sum = running_sum * correction + tl.sum(probabilities, axis=1)
-                accumulator = accumulator * correction[:, None] + tl.dot(probabilities, v)
+                accumulator = accumulator * correction[:, None] + tl.dot(probabilities, v, input_precision=PRECISION)
                 running_max = new_max
             output = accumulator / tl.where(running_sum == 0, 1.0, running_sum)[:, None]
             tl.store(

@@ -72,16 +72,19 @@ def tokenize_conversation(tokenizer, messages: list[dict]) -> tuple[list[int], l
     """(prompt ids up to the first assistant turn, with the generation prompt; that turn's ids or None).
 
     The response ids are what the chat template renders for the assistant turn (end-of-turn token included), so
-    they are exactly the tokens the target would have to produce."""
+    they are exactly the tokens the target would have to produce. Without a chat template (a base model) the
+    prompt is the messages' text, one per line, with the tokenizer's own special tokens (Gemma's `<bos>`, without
+    which it writes noise), and the reply is its text and EOS."""
     first_reply = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
     prompt_messages = messages[:first_reply]
     if not prompt_messages:
         raise ValueError("A conversation needs a user turn before the first assistant turn.")
-    if getattr(tokenizer, "chat_template", None):
+    if getattr(tokenizer, "chat_template", None):  # the template writes the special tokens (BOS) itself
         prompt_text = tokenizer.apply_chat_template(prompt_messages, add_generation_prompt=True, tokenize=False)
-    else:
+        prompt_ids = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
+    else:  # a base model: the text as `tokenizer(text)` encodes it for `generate`, its BOS included
         prompt_text = "\n".join(m["content"] for m in prompt_messages) + "\n"
-    prompt_ids = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
+        prompt_ids = tokenizer(prompt_text)["input_ids"]
     if first_reply == len(messages):
         return prompt_ids, None
     reply = messages[first_reply]

@@ -18,6 +18,8 @@ from ..modeling_dart import DartDraftModel
 from .layout import prefix_shared_layout
 from .loss import dart_loss
 
+FLEX_MIN_HEAD_DIM = 16  # torch's compiled FlexAttention refuses smaller query / key / value heads
+
 
 @dataclass
 class DartTrainingArguments:
@@ -73,7 +75,8 @@ class DartTrainingArguments:
         default="auto",
         metadata={
             "help": "attention over the prefix-shared layout: 'flex' (torch FlexAttention block mask, compiled), "
-            "'dense' (a [R, R] mask; exact, fine on CPU), or 'auto' (flex on CUDA, dense elsewhere)"
+            "'dense' (a [R, R] mask; exact, fine on CPU), or 'auto' (flex on CUDA for heads of 16 or more dimensions, "
+            "dense elsewhere)"
         },
     )
     early_stopping_patience: int | None = field(
@@ -106,8 +109,15 @@ class DartTrainer(Trainer):
         self.anchors_per_sequence = anchors_per_sequence
         if training_attention not in ("auto", "flex", "dense"):
             raise ValueError(f"training_attention must be 'auto', 'flex' or 'dense', got {training_attention!r}.")
+        head_dim = self.accelerator.unwrap_model(self.model).config.head_dim
         if training_attention == "auto":
-            training_attention = "flex" if self.args.device.type == "cuda" else "dense"
+            use_flex = self.args.device.type == "cuda" and head_dim >= FLEX_MIN_HEAD_DIM
+            training_attention = "flex" if use_flex else "dense"
+        if training_attention == "flex" and head_dim < FLEX_MIN_HEAD_DIM:
+            raise ValueError(
+                f"FlexAttention's compiled kernels need a head dimension of at least {FLEX_MIN_HEAD_DIM}, and this "
+                f"draft's is {head_dim}: train it with training_attention='dense' (exact, the same rows)."
+            )
         if training_attention == "flex" and self.args.device.type == "cpu":
             raise ValueError(
                 "FlexAttention has no backward pass on CPU in torch; train on CPU with training_attention='dense' "
