@@ -13,6 +13,8 @@ token ids (no trained Gemma draft ships yet): its trees are then rarely accepted
 plain steps and context-lookup chains, so tau and speed measure the loop around the window, not a draft.
 
     python benchmarks/bench_sliding_window.py --out benchmarks/results/gemma3_270m_sliding_window.json
+    python benchmarks/bench_sliding_window.py --draft drafts/gemma3-270m/checkpoint-300 --untrained-too \
+        --out benchmarks/results/gemma3_270m_draft.json   # a trained draft beside an untrained one
 """
 
 import argparse
@@ -44,14 +46,17 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=10)
     parser.add_argument("--prompt-tokens", type=int, default=96)
     parser.add_argument("--new-tokens", type=int, default=960)
+    parser.add_argument("--untrained-too", action="store_true",
+                        help="with --draft: also run an untrained draft (`dart_untrained`), interleaved the same way")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     target, tokenizer = load_target(args.target, dtype=torch.float32)
+    drafts = {}
     if args.draft:
-        draft = load_draft(args.draft, target)
-    else:
+        drafts["dart"] = load_draft(args.draft, target)
+    if not args.draft or args.untrained_too:
         torch.manual_seed(0)
-        draft = DartDraftModel.from_target(
+        drafts["dart_untrained" if args.draft else "dart"] = DartDraftModel.from_target(
             target, draft_to_target_ids=torch.arange(args.draft_vocab), draft_vocab_size=args.draft_vocab
         )
     window = target.config.sliding_window
@@ -60,51 +65,63 @@ def main() -> None:
     settings = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False,
                     return_dict_in_generate=True)
 
-    largest = [0]
+    largest = {name: 0 for name in drafts}
+    running = [None]  # the DART method whose generate call is running
     compact = dart_hf.verify.compact_cache
 
     def measured_compact(cache, past_len, path):  # the cache at its largest: the tree's rows not yet dropped
-        largest[0] = max(largest[0], cache_bytes(cache))
+        largest[running[0]] = max(largest[running[0]], cache_bytes(cache))
         compact(cache, past_len, path)
 
     dart_hf.verify.compact_cache = measured_compact
     dart_hf.generation.compact_cache = measured_compact
-    runs = {
-        "vanilla": lambda ids: target.generate(ids, **settings),
-        "dart": lambda ids: target.generate(ids, assistant_model=draft, **settings),
-    }
-    for run in runs.values():  # untimed warm-up (and the one-time calibration)
+    runs = {"vanilla": lambda ids: target.generate(ids, **settings)}
+    for name, draft in drafts.items():
+        runs[name] = lambda ids, draft=draft: target.generate(ids, assistant_model=draft, **settings)
+    for name, run in runs.items():  # untimed warm-up (and the one-time calibration)
+        running[0] = name
         run(prompts[0][:, :16])
     clock = device_clock(target.device)
     seconds, tokens, rows = {n: [] for n in runs}, {n: [] for n in runs}, []
     for index, prompt in enumerate(prompts):
         outputs = {}
-        largest[0] = 0
+        largest.update(dict.fromkeys(drafts, 0))
         for name in list(runs) if index % 2 == 0 else list(runs)[::-1]:
+            running[0] = name
             start = clock()
             outputs[name] = runs[name](prompt)
             seconds[name].append(clock() - start)
             tokens[name].append(outputs[name].sequences.shape[1] - prompt.shape[1])
-        stats = draft.stats
-        row = {
-            "prompt_tokens": prompt.shape[1], "total_tokens": outputs["vanilla"].sequences.shape[1],
-            "identical": bool(torch.equal(outputs["dart"].sequences, outputs["vanilla"].sequences)),
-            "tau": stats.tau, "verify_steps": stats.verify_steps, "lookup_steps": stats.lookup_steps,
-            "plain_steps": stats.plain_steps, "vanilla_cache_bytes": cache_bytes(outputs["vanilla"].cache),
-            "dart_cache_bytes": cache_bytes(outputs["dart"].cache), "dart_largest_cache_bytes": largest[0],
-            "speedup": seconds["vanilla"][-1] / seconds["dart"][-1] * tokens["dart"][-1] / tokens["vanilla"][-1],
-        }
+        row = {"prompt_tokens": prompt.shape[1], "total_tokens": outputs["vanilla"].sequences.shape[1],
+               "vanilla_cache_bytes": cache_bytes(outputs["vanilla"].cache)}
+        for name, draft in drafts.items():
+            stats = draft.stats
+            row[name] = {
+                "identical": bool(torch.equal(outputs[name].sequences, outputs["vanilla"].sequences)),
+                "tau": stats.tau, "verify_steps": stats.verify_steps, "lookup_steps": stats.lookup_steps,
+                "plain_steps": stats.plain_steps, "cache_bytes": cache_bytes(outputs[name].cache),
+                "largest_cache_bytes": largest[name],
+                "speedup": seconds["vanilla"][-1] / seconds[name][-1] * tokens[name][-1] / tokens["vanilla"][-1],
+            }
         rows.append(row)
         print(index, row, flush=True)
-    columns = (seconds["vanilla"], seconds["dart"], tokens["vanilla"], tokens["dart"])
     results = {
         "machine": device_description(target.device), "target": args.target, "sliding_window": window,
-        "draft": args.draft or f"untrained, {args.draft_vocab}-token vocabulary",
-        "identical": sum(row["identical"] for row in rows), "prompts": len(rows),
-        "speedup": float(speedup(*columns)), "ci95": bootstrap_interval(*columns),
-        "tau": sum(r["tau"] * r["verify_steps"] for r in rows) / max(sum(r["verify_steps"] for r in rows), 1),
-        "rows": rows,
+        "drafts": {name: (args.draft if name == "dart" and args.draft else
+                          f"untrained, {args.draft_vocab}-token vocabulary") for name in drafts},
+        "prompts": len(rows),
     }
+    for name in drafts:
+        columns = (seconds["vanilla"], seconds[name], tokens["vanilla"], tokens[name])
+        steps = sum(r[name]["verify_steps"] for r in rows)
+        results[name] = {
+            "identical": sum(r[name]["identical"] for r in rows), "speedup": float(speedup(*columns)),
+            "ci95": bootstrap_interval(*columns),
+            "tau": sum(r[name]["tau"] * r[name]["verify_steps"] for r in rows) / max(steps, 1),
+            "verify_steps": steps, "lookup_steps": sum(r[name]["lookup_steps"] for r in rows),
+            "plain_steps": sum(r[name]["plain_steps"] for r in rows),
+        }
+    results["rows"] = rows
     print({key: value for key, value in results.items() if key != "rows"})
     report(results, args.out)
 
