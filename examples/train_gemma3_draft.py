@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from dart_hf.files import write_atomically
+from dart_hf.files import extend_lines
 from dart_hf.prompts import load_prompts, training_prompts
 
 DATA = Path("data/gemma3")
@@ -67,11 +67,7 @@ def prompt_file(count: int) -> Path:
                 lines.append(json.dumps({"kind": kind, "messages": [{"role": "user", "content": text}]}))
             taken[kind] += share
     lines = lines[:count]
-    existing = path.read_text().split("\n")[:-1] if path.exists() else []
-    if lines[: len(existing)] != existing:
-        raise RuntimeError(f"{path} does not start with the prompts this recipe draws: its ids would move.")
-    if len(lines) > len(existing):
-        write_atomically(path, lambda temporary: Path(temporary).write_text("\n".join(lines) + "\n"))
+    extend_lines(path, lines)
     return path
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from dart_hf.files import write_atomically
+from dart_hf.files import extend_lines, write_atomically
 from dart_hf.prompts import load_prompts, read_set_file, reference_conversations, training_prompts
 
 DATA = Path("data/smollm2")
@@ -296,11 +296,7 @@ def benchlike_prompt_file() -> Path:
             chosen = pools[kind][taken[kind] : taken[kind] + count]
             taken[kind] += count
             lines += [json.dumps({"kind": kind, "messages": [{"role": "user", "content": text}]}) for text in chosen]
-    existing = path.read_text().split("\n")[:-1] if path.exists() else []
-    if lines[: len(existing)] != existing:
-        raise RuntimeError(f"{path} does not start with the prompts BENCHLIKE_SAMPLES draws: its ids would move.")
-    if len(lines) > len(existing):
-        write_atomically(path, lambda temporary: Path(temporary).write_text("\n".join(lines) + "\n"))
+    extend_lines(path, lines)
     return path
 
 

@@ -14,3 +14,15 @@ def write_atomically(path: str | os.PathLike, write: Callable[[str], object]) ->
     temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     write(str(temporary))
     os.replace(temporary, path)
+
+
+def extend_lines(path: str | os.PathLike, lines: list[str]) -> None:
+    """Make `path` hold `lines`, one per line, where it holds a first part of them or nothing: for files whose line
+    numbers are ids that other files refer to (a prompt file and its self-distilled replies), which may only grow.
+    Raises ValueError, and writes nothing, where the file holds other lines."""
+    path = Path(path)
+    existing = path.read_text(encoding="utf-8").split("\n")[:-1] if path.exists() else []
+    if lines[: len(existing)] != existing:
+        raise ValueError(f"{path} does not start with the lines to be written: its line numbers (ids) would move.")
+    if len(lines) > len(existing):
+        write_atomically(path, lambda temporary: Path(temporary).write_text("\n".join(lines) + "\n", encoding="utf-8"))
