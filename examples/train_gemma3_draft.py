@@ -1,10 +1,10 @@
 """Recipe for a first Gemma 3 270M draft (a base model: text continuation), bounded in CPU time: data
 (resumable), training, N-gram table. Every step can be rerun: the self-distilled file is appended to.
 
-    python examples/train_gemma3_draft.py --prompts 1400 --distill-minutes 45 --max-steps 300 --eval-steps 100 \
+    python examples/train_gemma3_draft.py --prompts 1400 --distill-minutes 45 --max-steps 240 --eval-steps 120 \
         --output drafts/gemma3-270m
-    python benchmarks/bench_sliding_window.py --draft drafts/gemma3-270m/checkpoint-300   # against vanilla
-    python examples/train_gemma3_draft.py --alphas drafts/gemma3-270m/checkpoint-300   # held-out alpha_1..8
+    python benchmarks/bench_sliding_window.py --draft drafts/gemma3-270m/checkpoint-240   # against vanilla
+    python examples/train_gemma3_draft.py --alphas drafts/gemma3-270m/checkpoint-240   # held-out alpha_1..8
 
 Prompts are the first PROMPT_TOKENS tokens (`<bos>` included) of texts of the kinds the Gemma benchmark continues
 (`benchmarks/bench_sliding_window.py`: news, code, maths, open-ended questions), taken from the training prompt
@@ -100,6 +100,9 @@ def train(output: str, max_steps: int, eval_steps: int, draft_vocab_size: int) -
         "draft_vocab_size": draft_vocab_size, "anchors_per_sequence": 24, "max_length": MAX_LENGTH,
         "feature_dropout": 0.1, "train_sampling_strategy": "group_by_length",
         "eval_strategy": "steps", "eval_steps": eval_steps, "save_steps": eval_steps, "save_total_limit": 3,
+        # one held-out example at a time: every reply token is an anchor there, and the teacher's 262,144-token
+        # logits over all those rows take gigabytes per example
+        "per_device_eval_batch_size": 1,
         "logging_steps": 10, "report_to": "none", "use_cpu": True, "target_dtype": "bfloat16",
         "early_stopping_patience": 3, "dataloader_num_workers": 0, "seed": 1,
     }

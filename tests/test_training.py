@@ -210,6 +210,26 @@ def test_self_distill_samples_as_generate_does(tmp_path):
         self_distill(target, prompt_ids, tmp_path / "x.jsonl", temperature=-1.0)
 
 
+def test_evaluation_batches_are_cut_to_the_logits_budget(tmp_path, monkeypatch):
+    """Every reply token is an anchor in evaluation, so a batch holds the target's logits for up to draft_length
+    rows per token: with a budget under one example's, each batch is one example (as for Gemma 3's 262,144-token
+    vocabulary), and the figures are those of the usual batches (up to a near-tie between batch shapes)."""
+    import dart_hf.training.trainer as trainer_module
+
+    target = tiny_target("llama", seed=7)
+    held_out = make_examples(target, 6, seed=9, tmp_path=tmp_path)
+    draft = DartDraftModel.from_target(target, feature_norm=True)
+    sizes = []
+    draft_rows = trainer_module.draft_rows
+    monkeypatch.setattr(trainer_module, "draft_rows", lambda d, t, batch, **kw: sizes.append(
+        batch["input_ids"].shape[0]) or draft_rows(d, t, batch, **kw))
+    usual = evaluate_draft(draft, target, held_out, DartDataCollator())
+    assert sizes == [6]
+    one_at_a_time = evaluate_draft(draft, target, held_out, DartDataCollator(), max_logits_bytes=1)
+    assert sizes[1:] == [1] * 6
+    assert one_at_a_time == pytest.approx(usual, abs=0.02)
+
+
 def test_self_distill_rejects_an_unknown_scheduler(tmp_path):
     with pytest.raises(ValueError, match="continuous"):
         self_distill(tiny_target(), [[1, 2]], tmp_path / "x.jsonl", scheduler="paged")

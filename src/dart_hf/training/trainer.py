@@ -19,6 +19,7 @@ from .layout import prefix_shared_layout
 from .loss import dart_loss
 
 FLEX_MIN_HEAD_DIM = 16  # torch's compiled FlexAttention refuses smaller query / key / value heads
+EVAL_LOGITS_BYTES = 2**32  # about how much of the target's row logits one evaluation batch may hold
 
 
 @dataclass
@@ -289,12 +290,22 @@ def draft_vocabulary(draft: DartDraftModel) -> torch.Tensor | None:
 
 
 @torch.no_grad()
-def evaluate_draft(draft: DartDraftModel, target: PreTrainedModel, dataset, collator, batch_size: int = 8) -> dict:
+def evaluate_draft(
+    draft: DartDraftModel,
+    target: PreTrainedModel,
+    dataset,
+    collator,
+    batch_size: int = 8,
+    max_logits_bytes: int = EVAL_LOGITS_BYTES,
+) -> dict:
     """Held-out agreement of the draft with the target's greedy choice, per predicted position.
 
     alpha_k: top-1 accuracy at depth k - 1 (k = 1 is the first drafted token), over supervised rows.
     chain_tau: for every anchor, 1 + the number of leading depths the draft gets right (a chain drafted from the
     top-1 tokens, verified greedily), averaged: the acceptance length a one-branch tree would reach.
+    Every reply token is an anchor here, so a batch holds the target's logits for up to `draft_length` rows per
+    token: batches are cut to at most `batch_size` examples and about `max_logits_bytes` of those logits (one
+    example at the least), which a large vocabulary (Gemma 3's 262,144 tokens) would otherwise take past memory.
     """
     was_training = draft.training
     draft.eval()
@@ -302,8 +313,19 @@ def evaluate_draft(draft: DartDraftModel, target: PreTrainedModel, dataset, coll
     correct = torch.zeros(num_depths)
     total = torch.zeros(num_depths)
     chain_lengths = []
-    for start in range(0, len(dataset), batch_size):
-        batch = collator([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))])
+    bytes_per_token = num_depths * target.config.get_text_config().vocab_size * 4
+    batches, current, current_bytes = [], [], 0
+    for index in range(len(dataset)):
+        example = dataset[index]
+        size = (len(example["prompt_ids"]) + len(example["response_ids"])) * bytes_per_token
+        if current and (len(current) == batch_size or current_bytes + size > max_logits_bytes):
+            batches.append(current)
+            current, current_bytes = [], 0
+        current.append(example)
+        current_bytes += size
+    batches += [current] if current else []
+    for examples in batches:
+        batch = collator(examples)
         batch = {name: tensor.to(draft.device) for name, tensor in batch.items()}
         rows = draft_rows(draft, target, batch, num_anchors=None)
         hit, batch_correct, batch_total = agreement(draft, rows)
