@@ -314,17 +314,7 @@ def evaluate_draft(
     total = torch.zeros(num_depths)
     chain_lengths = []
     bytes_per_token = num_depths * target.config.get_text_config().vocab_size * 4
-    batches, current, current_bytes = [], [], 0
-    for index in range(len(dataset)):
-        example = dataset[index]
-        size = (len(example["prompt_ids"]) + len(example["response_ids"])) * bytes_per_token
-        if current and (len(current) == batch_size or current_bytes + size > max_logits_bytes):
-            batches.append(current)
-            current, current_bytes = [], 0
-        current.append(example)
-        current_bytes += size
-    batches += [current] if current else []
-    for examples in batches:
+    for examples in _budgeted_batches(dataset, batch_size, max_logits_bytes // bytes_per_token):
         batch = collator(examples)
         batch = {name: tensor.to(draft.device) for name, tensor in batch.items()}
         rows = draft_rows(draft, target, batch, num_anchors=None)
@@ -336,6 +326,22 @@ def evaluate_draft(
     metrics = {f"alpha_{depth + 1}": float(correct[depth] / total[depth].clamp(min=1)) for depth in range(num_depths)}
     metrics["chain_tau"] = float(sum(chain_lengths) / max(len(chain_lengths), 1))
     return metrics
+
+
+def _budgeted_batches(dataset, batch_size: int, max_tokens: int):
+    """Consecutive examples of `dataset` in lists of at most `batch_size` examples and `max_tokens` tokens (prompt
+    and reply), one example at the least; read as they are yielded."""
+    current, tokens = [], 0
+    for index in range(len(dataset)):
+        example = dataset[index]
+        length = len(example["prompt_ids"]) + len(example["response_ids"])
+        if current and (len(current) == batch_size or tokens + length > max_tokens):
+            yield current
+            current, tokens = [], 0
+        current.append(example)
+        tokens += length
+    if current:
+        yield current
 
 
 def agreement(draft: DartDraftModel, rows: DraftRows) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
