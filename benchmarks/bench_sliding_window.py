@@ -2,19 +2,20 @@
 over twice the window, greedy, in float32, against vanilla `generate`.
 
 Prompts are the first `--prompt-tokens` tokens of texts from the packaged prompt sets (a base model continues
-text); every run generates exactly `--new-tokens` tokens (`min_new_tokens`), so each sequence passes 1,024 tokens.
+text); every run generates exactly `--new-tokens` tokens (`min_new_tokens`), by default 960, so each sequence
+passes 1,024 tokens.
 Vanilla and DART alternate prompt by prompt (the order reversed every other prompt) after an untimed warm-up.
 Reported: whether every output is token-identical to vanilla's, tau, the total-time speedup with its 95%
 bootstrap interval, and the target's KV cache in bytes (vanilla's at the end; DART's at the end and its largest,
 taken just before each compaction, when a tree's rows are still cached).
 
-The draft is `--draft` (a folder or Hub repo), else an untrained one over the target's first `--draft-vocab`
-token ids (no trained Gemma draft ships yet): its trees are then rarely accepted and the controller settles on
-plain steps and context-lookup chains, so tau and speed measure the loop around the window, not a draft.
+The draft is `--draft` (the shipped `gemma3-270m-dart`, a folder or a Hub repo), else an untrained one over the
+target's first `--draft-vocab` token ids: its trees are then rarely accepted and the controller settles on plain
+steps and context-lookup chains, so tau and speed measure the loop around the window, not a draft.
 
     python benchmarks/bench_sliding_window.py --out benchmarks/results/gemma3_270m_sliding_window.json
-    python benchmarks/bench_sliding_window.py --draft drafts/gemma3-270m/checkpoint-300 --untrained-too \
-        --out benchmarks/results/gemma3_270m_draft.json   # a trained draft beside an untrained one
+    python benchmarks/bench_sliding_window.py --draft gemma3-270m-dart --untrained-too --prompts 20 \
+        --new-tokens 128 --out benchmarks/results/gemma3_270m_draft_128.json   # trained beside untrained
 """
 
 import argparse

