@@ -263,16 +263,12 @@ def sampled_prompt_file() -> Path:
 
 
 def self_distill(sources: list[str], output: Path, minutes: float) -> None:
-    """`dart-hf self-distill` of `sources` (prompt files or `--prompt-set` options) into `output` for at most
-    `minutes`; stopping it is safe, every finished batch is already on disk and a rerun resumes."""
+    """`dart-hf self-distill` of `sources` (prompt files or `--prompt-set` options) into `output`, starting no
+    batch after `minutes`; what finished is on disk, and a rerun goes on from there."""
     command = [sys.executable, "-m", "dart_hf.cli", "self-distill", "--target", "smollm2-135m-instruct", *sources,
-               "--output", str(output), "--max-new-tokens", "128", "--batch-size", "24"]
-    process = subprocess.Popen(command)
-    try:
-        process.wait(timeout=minutes * 60)
-    except subprocess.TimeoutExpired:
-        process.terminate()
-        process.wait()
+               "--output", str(output), "--max-new-tokens", "128", "--batch-size", "24",
+               "--max-minutes", str(minutes)]
+    subprocess.run(command, check=True)
 
 
 def benchlike_prompt_file() -> Path:

@@ -189,6 +189,33 @@ def test_self_distill_matches_generate_and_resumes(tmp_path, scheduler):
         assert record["response_ids"] == expected[record["id"]]
 
 
+@pytest.mark.parametrize("scheduler", ["continuous", "static"])
+def test_self_distill_stops_at_max_minutes_and_a_rerun_goes_on(tmp_path, monkeypatch, scheduler):
+    """On a clock that moves a minute per reading, max_minutes=1.5 lets the static scheduler start one batch and
+    stops the continuous one with requests in flight; a rerun without the limit writes what one whole run does."""
+    import types
+
+    import dart_hf.training.data as data_module
+
+    target = tiny_target("llama", seed=2)
+    prompt_ids = [p[0].tolist() for p in prompts(5, seed=9, min_len=3, max_len=10)]
+    settings = dict(max_new_tokens=8, batch_size=2, progress=False, scheduler=scheduler)
+    whole = {r["id"]: r for r in self_distill(target, prompt_ids, tmp_path / "whole.jsonl", **settings)}
+    readings = iter(range(0, 60_000, 60))
+    monkeypatch.setattr(data_module, "time", types.SimpleNamespace(monotonic=lambda: float(next(readings))))
+    path = tmp_path / "sd.jsonl"
+    first = self_distill(target, prompt_ids, path, max_minutes=1.5, **settings)
+    assert len(first) < len(prompt_ids)
+    if scheduler == "static":
+        assert len(first) == 2
+    monkeypatch.undo()
+    records = self_distill(target, prompt_ids, path, **settings)
+    assert sorted(r["id"] for r in records) == list(range(5))
+    assert all(r == whole[r["id"]] for r in records)
+    with pytest.raises(ValueError, match="max_minutes"):
+        self_distill(target, prompt_ids, path, max_minutes=0)
+
+
 def test_self_distill_samples_as_generate_does(tmp_path):
     target = tiny_target("llama", seed=2)
     prompt_ids = [p[0].tolist() for p in prompts(3, seed=9, min_len=4, max_len=4)]  # one length: no padding

@@ -115,10 +115,15 @@ def test_train_with_a_bfloat16_teacher(tmp_path):
         main(["train", str(tmp_path / "bad.json")])
 
 
-def test_self_distill_of_a_base_model_keeps_its_bos_and_cuts_prompts(tmp_path):
+def test_self_distill_of_a_base_model_keeps_its_bos_and_cuts_prompts(tmp_path, monkeypatch, capsys):
     """A tokenizer without a chat template (a base model such as Gemma 3 270M): prompts are encoded as
-    `tokenizer(text)` encodes them for `generate`, BOS included, and `--prompt-tokens` keeps their first N tokens."""
+    `tokenizer(text)` encodes them for `generate`, BOS included, and `--prompt-tokens` keeps their first N tokens.
+    `--max-minutes` (on a clock that moves a minute per reading) stops after one batch and says how to go on."""
+    import types
+
     from tokenizers import processors
+
+    import dart_hf.training.data as data_module
 
     target = tiny_target("llama", seed=7)
     target.save_pretrained(tmp_path / "target")
@@ -131,8 +136,15 @@ def test_self_distill_of_a_base_model_keeps_its_bos_and_cuts_prompts(tmp_path):
     tokenizer.save_pretrained(tmp_path / "target")
     texts = ["a long text to continue, longer than ten tokens", "short"]
     (tmp_path / "prompts.jsonl").write_text("\n".join(json.dumps({"prompt": t}) for t in texts) + "\n")
-    main(["self-distill", "--target", str(tmp_path / "target"), str(tmp_path / "prompts.jsonl"), "--output",
-          str(tmp_path / "out.jsonl"), "--max-new-tokens", "6", "--prompt-tokens", "10", "--batch-size", "1"])
+    command = ["self-distill", "--target", str(tmp_path / "target"), str(tmp_path / "prompts.jsonl"), "--output",
+               str(tmp_path / "out.jsonl"), "--max-new-tokens", "6", "--prompt-tokens", "10", "--batch-size", "1"]
+    readings = iter(range(0, 60_000, 60))
+    monkeypatch.setattr(data_module, "time", types.SimpleNamespace(monotonic=lambda: float(next(readings))))
+    main(command + ["--max-minutes", "1.5"])
+    assert "1 of 2 prompts left: rerun the same command" in capsys.readouterr().out
+    assert len((tmp_path / "out.jsonl").read_text().strip().split("\n")) == 1
+    monkeypatch.undo()
+    main(command)
     lines = (tmp_path / "out.jsonl").read_text().strip().split("\n")
     records = sorted((json.loads(line) for line in lines), key=lambda r: r["id"])
     for text, record in zip(texts, records):

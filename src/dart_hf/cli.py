@@ -120,9 +120,12 @@ def self_distill_command(args: argparse.Namespace) -> None:
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     examples = self_distill(
         target, prompts, args.output, args.max_new_tokens, args.batch_size, pad_token_id=pad, scheduler=args.scheduler,
-        temperature=args.temperature, seed=args.seed,
+        temperature=args.temperature, seed=args.seed, max_minutes=args.max_minutes,
     )
     print(f"{args.output}: {len(examples)} examples, {sum(len(e['response_ids']) for e in examples):,} response tokens")
+    if len(examples) < len(prompts):
+        print(f"stopped at --max-minutes {args.max_minutes:g} with {len(prompts) - len(examples)} of {len(prompts)} "
+              "prompts left: rerun the same command to go on")
 
 
 def train_command(argv: list[str]) -> None:
@@ -298,6 +301,10 @@ def main(argv: list[str] | None = None) -> None:
         help="0 (default): greedy replies; > 0: replies sampled at this temperature (new replies to known prompts)",
     )
     distill.add_argument("--seed", type=int, default=0, help="seed of the sampled replies")
+    distill.add_argument(
+        "--max-minutes", type=float, default=None,
+        help="stop after this many minutes (what finished is kept; rerunning the command goes on from there)",
+    )
     distill.set_defaults(handler=self_distill_command)
 
     commands.add_parser("train", help="train a draft; `dart-hf train --help` lists every argument", add_help=False)

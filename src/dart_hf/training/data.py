@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -110,6 +111,7 @@ def self_distill(
     scheduler: str = "auto",
     temperature: float = 0.0,
     seed: int = 0,
+    max_minutes: float | None = None,
 ) -> list[dict]:
     """Regenerate the responses with the target, so the draft learns the target's own outputs: greedy, or with
     `temperature` > 0 sampled at that temperature from the whole vocabulary (no top-k or top-p), which gives new
@@ -124,11 +126,18 @@ def self_distill(
     `prompts`) and flushed, so an interrupted run loses nothing it already generated; a rerun skips the ids already
     written. Returns all examples in the file. When sampling, the static scheduler seeds each batch with `seed` plus
     its first prompt's id (a rerun of the same batches draws the same replies); the continuous one seeds once.
+
+    max_minutes: stop once this much time has passed (None: when every prompt is done). The static scheduler starts
+    no batch after the deadline; the continuous one drops the requests still in flight. Either way what finished is
+    on disk and a rerun goes on from there, so a long generation can run in bounded sittings.
     """
     if scheduler not in ("auto", "continuous", "static"):
         raise ValueError(f"scheduler must be 'auto', 'continuous' or 'static', got {scheduler!r}.")
     if not temperature >= 0:
         raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature}.")
+    if max_minutes is not None and not max_minutes > 0:
+        raise ValueError(f"max_minutes must be > 0 (or None for no limit), got {max_minutes}.")
+    deadline = time.monotonic() + 60 * max_minutes if max_minutes is not None else float("inf")
     sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature else {
         "do_sample": False
     }
@@ -143,13 +152,15 @@ def self_distill(
     if scheduler == "continuous" and todo:
         torch.manual_seed(seed)
         _self_distill_continuous(
-            target, prompts, todo, output_path, max_new_tokens, batch_size, eos_ids, progress, sampling
+            target, prompts, todo, output_path, max_new_tokens, batch_size, eos_ids, progress, sampling, deadline
         )
         return _read_jsonl(output_path)
     with open(output_path, "a", encoding="utf-8") as handle, tqdm(
         total=len(todo), desc="self-distilling", disable=not progress
     ) as bar:
         for start in range(0, len(todo), batch_size):
+            if time.monotonic() > deadline:
+                break
             batch = todo[start : start + batch_size]
             width = max(len(prompts[i]) for i in batch)
             input_ids = torch.full((len(batch), width), pad_token_id, dtype=torch.long)
@@ -174,9 +185,10 @@ def self_distill(
 @torch.no_grad()
 def _self_distill_continuous(
     target, prompts: list[list[int]], todo: list[int], output_path: Path, max_new_tokens: int, batch_size: int,
-    eos_ids: set[int], progress: bool, sampling: dict,
+    eos_ids: set[int], progress: bool, sampling: dict, deadline: float,
 ) -> None:
-    """`self_distill` on Transformers' continuous-batching manager: rows are refilled as they finish."""
+    """`self_distill` on Transformers' continuous-batching manager: rows are refilled as they finish; it returns
+    at `deadline` (`time.monotonic()`) with the unfinished requests dropped."""
     from transformers import ContinuousBatchingConfig, GenerationConfig
 
     generation_config = GenerationConfig(
@@ -200,7 +212,7 @@ def _self_distill_continuous(
         for index in todo:
             manager.add_request(prompts[index], request_id=str(index), max_new_tokens=max_new_tokens)
         remaining = set(todo)
-        while remaining:
+        while remaining and time.monotonic() <= deadline:
             result = manager.get_result(timeout=1)
             if result is None:
                 if not manager.is_running():
