@@ -35,7 +35,9 @@ def interleaved_speedups(
 ) -> dict:
     """Vanilla greedy `generate` and each draft of `drafts` (name -> bound `DartDraftModel`, each with its own
     controller state) over the benchmark sets, interleaved prompt by prompt with the order reversed on every other
-    prompt, after an untimed warm-up; every DART output is checked against vanilla's. Prints and returns, per set
+    prompt, after an untimed warm-up; every DART output is checked against vanilla's (in float32 it must be vanilla's
+    token for token; in a lower precision, where vanilla itself flips at near-ties, the identical ones are counted
+    as `identical`). Prints and returns, per set
     and overall, each draft's total-time speedup over vanilla, tau, share of plain steps and alpha_1 (untimed:
     its teacher-forced agreement with vanilla's greedy output at the first drafted position); the speedups are per
     new token, with their 95% bootstrap intervals over the prompts (`dart_hf.bench`). sets: the benchmark
@@ -59,7 +61,7 @@ def interleaved_speedups(
     all_hits, all_rows = dict.fromkeys(drafts, 0), dict.fromkeys(drafts, 0)
     for prompt_set in [name for name in BENCHMARK_SETS if sets is None or name in sets]:
         seconds, tokens = {name: [] for name in runs}, {name: [] for name in runs}
-        plain, steps, committed, verified, hits, rows = (dict.fromkeys(drafts, 0) for _ in range(6))
+        plain, steps, committed, verified, hits, rows, identical = (dict.fromkeys(drafts, 0) for _ in range(7))
         for index, prompt in enumerate(load_prompts(prompt_set, prompts_per_set)):
             inputs = chat_inputs(tokenizer, prompt)
             outputs = {}
@@ -78,7 +80,9 @@ def interleaved_speedups(
                     verified[name] += stats.verify_steps
             prompt_length = inputs["input_ids"].shape[1]
             for name, draft in drafts.items() if not do_sample else ():
-                assert torch.equal(outputs[name], outputs["vanilla"]), f"{name} differs from vanilla on {prompt!r}"
+                same = torch.equal(outputs[name], outputs["vanilla"])
+                assert same or target.dtype != torch.float32, f"{name} differs from vanilla on {prompt!r}"
+                identical[name] += same
                 depth_hits, depth_rows = greedy_agreement(draft, target, outputs["vanilla"], prompt_length)
                 hits[name] += int(depth_hits[0])
                 rows[name] += int(depth_rows[0])
@@ -90,7 +94,8 @@ def interleaved_speedups(
             all_rows[name] += rows[name]
         results[prompt_set] = {
             name: {**_speedups(seconds, tokens, name), "tau": committed[name] / max(verified[name], 1),
-                   "plain": plain[name] / max(steps[name], 1), "alpha_1": hits[name] / max(rows[name], 1)}
+                   "plain": plain[name] / max(steps[name], 1), "alpha_1": hits[name] / max(rows[name], 1),
+                   "identical": identical[name]}
             for name in drafts
         }
         print(prompt_set, "  ".join(

@@ -8,6 +8,8 @@ warm-up; every greedy output is checked against vanilla's. Prints, per set and o
 speedup over vanilla with its 95% bootstrap interval, tau and the share of plain steps.
 
     python benchmarks/ab_options.py --prompts-per-set 10 defaults='{}' no_lookup='{"lookup_length": 0}'
+    python benchmarks/ab_options.py --dtype bfloat16 --max-new-tokens 128 --prompts-per-set 5 adaptive='{}' \
+        fixed_32='{"budget": 32, "adaptive": false}'
 """
 
 import argparse
@@ -36,9 +38,11 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--sets", nargs="+", default=None, help="benchmark sets (default: all)")
     parser.add_argument("--sample", action="store_true", help="T=1 sampling instead of greedy decoding")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="the target's dtype (bfloat16: outputs are counted as identical or not, not asserted)")
     parser.add_argument("--out", type=Path, default=None, help="write the results here as JSON")
     args = parser.parse_args()
-    target, tokenizer = load_target("smollm2-135m-instruct", dtype=torch.float32)
+    target, tokenizer = load_target("smollm2-135m-instruct", dtype=getattr(torch, args.dtype))
     arms = dict(args.arms)
     drafts = {name: load_draft(args.draft, target) for name in arms}
     results = interleaved_speedups(
