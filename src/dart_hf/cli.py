@@ -123,7 +123,7 @@ def self_distill_command(args: argparse.Namespace) -> None:
         temperature=args.temperature, seed=args.seed, max_minutes=args.max_minutes,
     )
     print(f"{args.output}: {len(examples)} examples, {sum(len(e['response_ids']) for e in examples):,} response tokens")
-    if len(examples) < len(prompts):
+    if args.max_minutes is not None and len(examples) < len(prompts):
         print(f"stopped at --max-minutes {args.max_minutes:g} with {len(prompts) - len(examples)} of {len(prompts)} "
               "prompts left: rerun the same command to go on")
 
