@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 import torch
-from transformers import StoppingCriteria, StoppingCriteriaList
+from transformers import MaxLengthCriteria, StoppingCriteria, StoppingCriteriaList
 
 from _helpers import OracleDraft, char_tokenizer, prompts, tiny_target
 from dart_hf import DartDraftModel, dart_generate
@@ -167,6 +167,49 @@ def test_left_padded_single_sequence():
     expected = target.generate(padded, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False)
     got = target.generate(padded, attention_mask=mask, max_new_tokens=NEW_TOKENS, assistant_model=draft)
     assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("options", [
+    dict(min_new_tokens=5), dict(min_length=12), dict(begin_suppress_tokens="first"), dict(no_repeat_ngram_size=2),
+    dict(repetition_penalty=1.5), dict(forced_eos_token_id=7, max_length=20),
+])
+@pytest.mark.parametrize("pad_is_eos", [False, True])
+@pytest.mark.parametrize("tree_options", [{}, {"adaptive": False}])
+def test_left_padding_with_length_dependent_processors(options, pad_is_eos, tree_options):
+    """Processors count from the padded prompt and read the pad ids, as vanilla's do."""
+    target = tiny_target("llama", seed=10)
+    draft = DartDraftModel.from_target(target)
+    prompt = prompts(1, seed=10)[0]
+    free = target.generate(prompt, max_new_tokens=12, do_sample=False)[0, prompt.shape[1]:].tolist()
+    eos = free[2]  # vanilla writes it early: min_new_tokens and the like hold it back
+    pad = eos if pad_is_eos else free[0]
+    options = dict(options)
+    if options.get("begin_suppress_tokens") == "first":
+        options["begin_suppress_tokens"] = [free[0]]
+    padded = torch.cat([torch.full((1, 4), pad), prompt], dim=-1)
+    mask = torch.cat([torch.zeros(1, 4, dtype=torch.long), torch.ones_like(prompt)], dim=-1)
+    kwargs = dict(attention_mask=mask, do_sample=False, eos_token_id=eos, pad_token_id=pad, **options)
+    kwargs.setdefault("max_new_tokens", 16)
+    expected = target.generate(padded, **kwargs)
+    got = target.generate(padded, assistant_model=draft, tree_options=tree_options, **kwargs)
+    assert got.tolist() == expected.tolist()
+
+
+def test_dart_chain_refuses_what_assisted_decoding_cannot_stop_at_exactly():
+    target = tiny_target("llama", seed=11)
+    draft = DartDraftModel.from_target(target)
+    prompt = prompts(1, seed=11)[0]
+    chain = dict(max_new_tokens=8, assistant_model=draft, dart_chain=True)
+    with pytest.raises(ValueError, match="once per accepted chunk.*Drop dart_chain"):
+        target.generate(prompt, stop_strings=["ab"], tokenizer=char_tokenizer(), **chain)
+    with pytest.raises(ValueError, match="once per accepted chunk.*Drop dart_chain"):
+        target.generate(prompt, stopping_criteria=StoppingCriteriaList([MaxLengthCriteria(30)]), **chain)
+    with pytest.raises(ValueError, match="guidance_scale=1.5.*Drop dart_chain"):
+        target.generate(prompt, guidance_scale=1.5, **chain)
+    # without dart_chain all three run, identical to vanilla
+    for options in (dict(stop_strings=["ab"], tokenizer=char_tokenizer()), dict(guidance_scale=1.5)):
+        expected = target.generate(prompt, max_new_tokens=8, do_sample=False, **options)
+        assert torch.equal(target.generate(prompt, max_new_tokens=8, assistant_model=draft, **options), expected)
 
 
 def test_other_assistants_still_reach_transformers():

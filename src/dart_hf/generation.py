@@ -224,7 +224,7 @@ def _decode(
         )
         token_logits = outputs.logits[:, -1].to(dtype=torch.float32, copy=True)
         forward_seconds = clock() - tick
-        token_scores = logits_processor(input_ids, token_logits)
+        token_scores = logits_processor(torch.cat([pad_prefix, input_ids], dim=-1), token_logits)
         token = choose_token(token_scores[0], generation_config.do_sample)
         return step_features, commit(token, token_scores, token_logits), forward_seconds
 
@@ -248,7 +248,10 @@ def _decode(
         weight_major = controller is not None and controller.costs.weight_major(rows)  # the faster layout there
         tree_logits, tree_features = forward_tree(model, tree, cache, feature_layers, rows, weight_major)
         forward_done = clock()
-        acceptance = accept(tree, tree_logits, input_ids, logits_processor, generation_config.do_sample)
+        # the processors see the left padding too, as vanilla's do (min_new_tokens, begin_suppress_tokens, ...
+        # count from the padded prompt's length; no_repeat_ngram_size and penalties read the pad ids)
+        history = torch.cat([pad_prefix, input_ids], dim=-1)
+        acceptance = accept(tree, tree_logits, history, logits_processor, generation_config.do_sample)
         compact_cache(cache, past_len, acceptance.path)
         accept_seconds = clock() - forward_done
         waiting.append(tree_features[acceptance.path].unsqueeze(0))
@@ -476,6 +479,8 @@ class GenerateRouter:
         if kwargs.pop("dart_chain", False):  # Transformers' own assisted decoding, with DART's chain candidates
             from .candidates import dart_candidate_generator
 
+            _check_chain_options(kwargs, self.model.generation_config)
+
             tree_options = dict(kwargs.pop("tree_options", None) or {})
             for option in DECODING_OPTIONS:
                 tree_options.pop(option, None)
@@ -513,6 +518,26 @@ def remove_generate_router(target: PreTrainedModel) -> None:
     del target.generate
     if current.previous is not None:
         target.generate = current.previous
+
+
+def _check_chain_options(kwargs: dict, model_config: GenerationConfig) -> None:
+    """Refuse what Transformers' assisted decoding (the `dart_chain` path) does not reproduce exactly: it checks
+    stop strings and stopping criteria once per accepted chunk of tokens (a stop inside the chunk is run past), and
+    it scores a whole chunk per call, which classifier-free guidance's one-token-per-call cache does not follow."""
+    generation_config = kwargs.get("generation_config") or model_config
+    stop_strings = kwargs.get("stop_strings", generation_config.stop_strings)
+    fix = "Drop dart_chain: DART's tree decoding runs them exactly, token by token as vanilla `generate` does."
+    if stop_strings or kwargs.get("stopping_criteria"):
+        raise ValueError(
+            "dart_chain=True runs Transformers' assisted decoding, which checks stop strings and stopping criteria "
+            f"once per accepted chunk of tokens and can run past them. {fix}"
+        )
+    guidance_scale = kwargs.get("guidance_scale", generation_config.guidance_scale)
+    if guidance_scale is not None and guidance_scale != 1:
+        raise ValueError(
+            "dart_chain=True runs Transformers' assisted decoding, whose chunks classifier-free guidance "
+            f"(guidance_scale={guidance_scale}) does not score as vanilla `generate` does. {fix}"
+        )
 
 
 def _move_stop_strings_to_criteria(kwargs: dict) -> None:
