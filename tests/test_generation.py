@@ -229,6 +229,8 @@ def test_bad_generate_inputs_get_clear_errors():
         target.generate(prompt.repeat(2, 1), max_new_tokens=4, assistant_model=draft)
     with pytest.raises(ValueError, match="beam search"):
         target.generate(prompt, max_new_tokens=4, num_beams=2, assistant_model=draft)
+    with pytest.raises(ValueError, match="drop use_cache=False"):
+        target.generate(prompt, max_new_tokens=4, use_cache=False, assistant_model=draft)
     with pytest.raises(ValueError, match="static"):
         target.generate(prompt, max_new_tokens=4, cache_implementation="static", assistant_model=draft)
     with pytest.raises(ValueError, match="num_return_sequences=1"):

@@ -76,7 +76,7 @@ def test_released_checkpoint_loads_unchanged(tmp_path):
         if name != "embed_tokens.weight":
             assert torch.equal(state[name], value), name
     assert "embed_tokens.weight" not in state
-    assert draft.config.feature_layers == [2, 3, 3]  # chosen at bind: [2, L // 2, L - 3] for the 6-layer target
+    assert draft.config.feature_layers == [1, 3, 5]  # chosen at bind: three distinct layers of the 6-layer target
     got = target.generate(prompts(1)[0], max_new_tokens=32, assistant_model=draft)
     assert torch.equal(got, target.generate(prompts(1)[0], max_new_tokens=32, do_sample=False))
 
@@ -332,3 +332,38 @@ def test_a_target_with_one_rope_per_layer_type_gives_the_draft_its_full_attentio
     assert not {"full_attention", "sliding_attention"} & set(draft.config.rope_parameters)
     expected = 1.0 / 1_000_000.0 ** (torch.arange(0, 16, 2).float() / 16)
     torch.testing.assert_close(draft.rotary_emb.inv_freq, expected)
+
+
+def test_a_draft_from_a_compiled_target_binds_the_model_it_wraps_and_leaves_it_working():
+    target = tiny_target("llama")
+    prompt = prompts(1)[0]
+    expected = target.generate(prompt, max_new_tokens=12, do_sample=False)
+    compiled = torch.compile(target)
+    draft = DartDraftModel.from_target(compiled)
+    assert draft.target is target
+    assert torch.equal(target.generate(prompt, max_new_tokens=12, do_sample=False), expected)
+    assert torch.equal(compiled.generate(prompt, max_new_tokens=12, assistant_model=draft), expected)
+    assert torch.equal(target.generate(prompt, max_new_tokens=12, assistant_model=draft), expected)
+    draft.unbind()
+    assert "generate" not in vars(target)
+    assert torch.equal(compiled.generate(prompt, max_new_tokens=12, do_sample=False), expected)
+
+
+@pytest.mark.parametrize("num_layers", [4, 5, 6, 7, 12, 28])
+def test_default_feature_layers_are_three_distinct_layers(num_layers):
+    layers = DartDraftModel.from_target(tiny_target("llama", num_hidden_layers=num_layers)).config.feature_layers
+    assert len(set(layers)) == 3 and all(0 < layer < num_layers for layer in layers)
+    if num_layers >= 7:  # EAGLE-3's choice, which the released drafts read
+        assert layers == [2, num_layers // 2, num_layers - 3]
+    with pytest.raises(ValueError, match="three distinct feature layers.*set `feature_layers`"):
+        DartDraftModel.from_target(tiny_target("llama", num_hidden_layers=3))
+
+
+def test_a_saved_config_without_feature_layers_is_refused(tmp_path):
+    target = tiny_target("llama")
+    DartDraftModel.from_target(target).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["feature_layers"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="names no `feature_layers`.*Add them to its config.json"):
+        DartDraftModel.from_pretrained(tmp_path, target=target)

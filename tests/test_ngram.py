@@ -6,6 +6,7 @@ import struct
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -242,3 +243,30 @@ def test_draft_carries_its_ngram_locally_and_from_an_offline_hub_cache(tmp_path)
     env = dict(os.environ, HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "home"))
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
     assert result.returncode == 0 and "hub ok" in result.stdout, result.stderr[-3000:]
+
+
+def test_a_trie_with_ids_outside_the_vocabulary_bad_counts_or_broken_links_is_refused(tmp_path):
+    write_trie(tmp_path / "good.trie", random_corpus(3), eos=11, order=3, seed=0)
+    data = bytearray((tmp_path / "good.trie").read_bytes())
+    node_1 = 16 + 24 + 12 * struct.unpack_from("<Q", data, 16 + 16)[0]  # the record after the root's
+
+    def damaged(field_offset: int, fmt: str, value) -> Path:
+        copy = bytearray(data)
+        struct.pack_into(fmt, copy, node_1 + field_offset, value)
+        (tmp_path / "bad.trie").write_bytes(bytes(copy))
+        return tmp_path / "bad.trie"
+
+    with pytest.raises(ValueError, match="outside the vocabulary of 11 tokens.*vocab-size"):
+        NgramTable.from_trie(tmp_path / "good.trie", vocab_size=11, progress=False)  # token 11 (eos) is out
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        NgramTable.from_trie(damaged(0, "<i", -6), vocab_size=12, progress=False)
+    with pytest.raises(ValueError, match="counts that are not positive"):
+        NgramTable.from_trie(damaged(12, "<i", -3), vocab_size=12, progress=False)
+    with pytest.raises(ValueError, match="parent links outside"):
+        NgramTable.from_trie(damaged(4, "<Q", 10**9), vocab_size=12, progress=False)
+    with pytest.raises(ValueError, match="longer than its order 3 .or a parent cycle"):
+        NgramTable.from_trie(damaged(4, "<Q", 1), vocab_size=12, progress=False)  # its own parent
+    token = struct.unpack_from("<i", data, node_1)[0]
+    with pytest.raises(ValueError, match="child lists do not match"):  # the root lists it under its old token
+        NgramTable.from_trie(damaged(0, "<i", (token + 1) % 11), vocab_size=12, progress=False)
+    NgramTable.from_trie(tmp_path / "good.trie", vocab_size=12, progress=False)  # the undamaged file converts

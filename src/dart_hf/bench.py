@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from .arguments import positive_int, short_usage
 from .files import write_atomically
 from .hardware import device_clock, device_description
 from .modeling_dart import DartDraftModel
@@ -416,17 +417,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--target", default="smollm2-135m-instruct")
     parser.add_argument("--draft", default=None, help="shipped draft name, folder or Hub repo (none: baselines only)")
     parser.add_argument("--sets", nargs="+", default=BENCHMARK_SETS)
-    parser.add_argument("--prompts-per-set", type=int, default=20)
-    parser.add_argument("--max-new-tokens", type=int, default=32, help="default 32: the default run fits 30 min")
+    parser.add_argument("--prompts-per-set", type=positive_int, default=20)
+    parser.add_argument("--max-new-tokens", type=positive_int, default=32, help="default 32: the default run fits 30 min")
     parser.add_argument("--sample", action="store_true", help="T=1 sampling instead of greedy")
     parser.add_argument("--quick", action="store_true", help="2 prompts per set, 32 new tokens")
-    parser.add_argument("--tree-budget", type=int, default=None, help="tree nodes (default: the draft's config)")
+    parser.add_argument("--tree-budget", type=positive_int, default=None, help="tree nodes (default: the draft's config)")
     parser.add_argument("--methods", nargs="+", default=None, choices=METHODS,
                         help=f"default: {DEFAULT_METHODS} in float32, else {LOW_PRECISION_METHODS}")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "auto"], default="float32",
                         help="the target's dtype for vanilla and DART (auto: the fastest this hardware has, as "
                         "`zoo.load_target` picks it); a low-precision run also times vanilla float32")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/bench"))
+    short_usage(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.prompts_per_set, args.max_new_tokens = 2, 32

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from .arguments import positive_int, short_usage
+from .hub import check_pretrained_name
 from .ngram import NgramTable
 from .prompts import PROMPT_SETS
 
@@ -23,14 +26,20 @@ from .prompts import PROMPT_SETS
 def read_documents(paths: list[Path], field: str) -> Iterator[str]:
     """One document per JSONL line (`field` of each object) or per plain-text file."""
     for path in paths:
-        text = path.read_text(encoding="utf-8")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"{path} is not UTF-8 text: pass text or JSONL files.") from None
         if path.suffix in (".jsonl", ".json"):
             # split on "\n" only: str.splitlines() also splits on U+2028 inside JSON strings
             for number, line in enumerate(text.split("\n"), start=1):
                 if not line.strip():
                     continue
-                record = json.loads(line)
-                if field not in record:
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as error:
+                    raise ValueError(f"{path}:{number} is not JSON ({error.msg}): fix or delete that line.") from None
+                if not isinstance(record, dict) or field not in record:
                     raise ValueError(f"{path}:{number} has no field {field!r}; pick the text field with --field.")
                 yield record[field]
         else:
@@ -85,6 +94,7 @@ def build_ngram(args: argparse.Namespace) -> None:
     """`dart-hf build-ngram`: count the n-grams of text / JSONL files (tokenized with the target's tokenizer)."""
     from transformers import AutoTokenizer
 
+    check_pretrained_name(args.tokenizer, "tokenizer")
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     table = NgramTable.from_texts(
         read_documents(args.inputs, args.field), tokenizer, order=args.order, min_count=args.min_count,
@@ -115,6 +125,10 @@ def self_distill_command(args: argparse.Namespace) -> None:
         conversations += [[{"role": "user", "content": text}] for text in training_prompts(args.prompt_set)]
     prompts = [tokenize_conversation(tokenizer, messages)[0] for messages in conversations]
     prompts = prompts[: args.limit] if args.limit else prompts
+    if not prompts:
+        sources = [*map(str, args.prompts), *args.prompt_set]
+        raise ValueError(f"No prompts in {', '.join(sources) or 'the arguments'}: pass conversation files (JSON / "
+                         "JSONL) or --prompt-set NAME.")
     if args.prompt_tokens:  # text continuation for a base model: the first N tokens of each text
         prompts = [ids[: args.prompt_tokens] for ids in prompts]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -139,6 +153,7 @@ def train_command(argv: list[str]) -> None:
     from .zoo import load_draft, load_target
 
     parser = HfArgumentParser((DartTrainingArguments, TrainingArguments), prog="dart-hf train")
+    short_usage(parser)
     if len(argv) == 1 and argv[0].endswith(".json"):
         dart_args, training_args = parser.parse_json_file(argv[0])
     elif len(argv) == 1 and argv[0].endswith((".yaml", ".yml")):
@@ -147,17 +162,21 @@ def train_command(argv: list[str]) -> None:
         dart_args, training_args = parser.parse_args_into_dataclasses(argv)
     training_args.remove_unused_columns = False  # the collator's loss_mask is not a forward() argument
 
+    # the example files first: a bad one is reported before minutes of loading the target
+    train_examples = load_examples(dart_args.train_files, skip_bad_lines=dart_args.skip_bad_lines)
+    eval_examples = load_examples(dart_args.eval_files, skip_bad_lines=dart_args.skip_bad_lines) or None
     target, tokenizer = load_target(dart_args.target, dtype=getattr(torch, dart_args.target_dtype))
-    train_examples = load_examples(dart_args.train_files)
     if dart_args.existing_files:
         conversations = [c for path in dart_args.existing_files for c in load_conversations(path)]
         existing = conversation_examples(tokenizer, conversations)
         train_examples = mix_examples(train_examples, existing, dart_args.existing_ratio, seed=training_args.seed)
-    eval_examples = load_examples(dart_args.eval_files) or None
     if not train_examples:
+        read = [*dart_args.train_files, *dart_args.existing_files]
         raise ValueError(
-            "No training examples: pass --train_files (JSONL from `dart-hf self-distill`) and/or --existing_files "
-            "(conversations with assistant replies)."
+            (f"No training examples in {', '.join(map(str, read))} (no record with a non-empty response)"
+             if read else "No training examples")
+            + ": pass --train_files (JSONL from `dart-hf self-distill`) and/or --existing_files (conversations with "
+            "assistant replies)."
         )
     if dart_args.widen_mlp and not dart_args.init_draft:
         raise ValueError("--widen_mlp widens a trained draft: pass it with --init_draft DRAFT.")
@@ -221,9 +240,47 @@ def train_command(argv: list[str]) -> None:
     trainer.accelerator.end_training()
 
 
+EXPECTED_ERRORS = (OSError, ValueError, LookupError, ImportError)  # bad input: files, formats, names, option values
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of the `dart-hf` command."""
-    argv = sys.argv[1:] if argv is None else argv
+    """Entry point of the `dart-hf` command. A failure prints one line naming the problem (most name the fix too)
+    and exits with status 1; `--debug` (anywhere in the arguments) or `DART_HF_DEBUG=1` shows the traceback."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("DART_HF_DEBUG", "") not in ("", "0")
+    argv = [argument for argument in argv if argument != "--debug"]
+    try:
+        run_command(argv)
+    except Exception as error:
+        if debug:
+            raise
+        from tqdm.auto import tqdm
+
+        for bar in list(getattr(tqdm, "_instances", ())):  # a progress bar left open: end its line first
+            bar.close()
+        command = f"dart-hf {argv[0]}" if argv else "dart-hf"
+        print(f"{command}: error: {describe_error(error)}", file=sys.stderr)
+        if not isinstance(error, EXPECTED_ERRORS):
+            print(f"{command}: this looks like a bug: rerun with --debug and report the traceback", file=sys.stderr)
+        sys.exit(1)
+
+
+def describe_error(error: Exception) -> str:
+    """One line for a failure: the message (an OSError's reason and file), its first line when it runs long."""
+    if isinstance(error, OSError) and error.strerror and error.filename:
+        hint = {IsADirectoryError: "pass a file", NotADirectoryError: "pass a folder"}.get(type(error), "check the path")
+        return f"{error.strerror}: {error.filename} ({hint})"
+    if isinstance(error, UnicodeDecodeError):
+        return f"not UTF-8 text ({error.reason} at byte {error.start}): pass a text file"
+    message = str(error).strip() or type(error).__name__
+    if isinstance(error, KeyError):
+        message = f"missing key {message}"
+    lines = message.split("\n")
+    return lines[0] if not isinstance(error, EXPECTED_ERRORS) else " ".join(line.strip() for line in lines[:3])
+
+
+def run_command(argv: list[str]) -> None:
+    """Parse `argv` and run its subcommand."""
     if argv and argv[0] == "train":  # Trainer's own arguments: parsed by HfArgumentParser
         return train_command(argv[1:])
     if argv and argv[0] == "bench":
@@ -239,9 +296,9 @@ def main(argv: list[str] | None = None) -> None:
         "--draft", required=True, help="DART draft: a shipped draft (smollm2-135m-instruct-dart), folder or Hub repo"
     )
     run.add_argument("--prompt", default="Explain speculative decoding in two sentences.")
-    run.add_argument("--max-new-tokens", type=int, default=128)
+    run.add_argument("--max-new-tokens", type=positive_int, default=128)
     run.add_argument("--sample", action="store_true", help="sample (T=1) instead of greedy decoding")
-    run.add_argument("--rounds", type=int, default=2, help="timed rounds of DART and vanilla, interleaved")
+    run.add_argument("--rounds", type=positive_int, default=2, help="timed rounds of DART and vanilla, interleaved")
     run.add_argument("--no-compare", action="store_true", help="skip the vanilla run (no speedup)")
     run.add_argument(
         "--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
@@ -254,9 +311,9 @@ def main(argv: list[str] | None = None) -> None:
     build.add_argument("--tokenizer", required=True, help="tokenizer name or local path (the target's tokenizer)")
     build.add_argument("inputs", nargs="+", type=Path, help=".jsonl files (one document per line) or text files")
     build.add_argument("--field", default="text", help="JSONL field holding the text (default: text)")
-    build.add_argument("--order", type=int, default=3, help="n-gram order N (default: 3)")
-    build.add_argument("--min-count", type=int, default=1, help="drop n-grams seen fewer times (default: 1)")
-    build.add_argument("--top-k", type=int, default=None, help="keep only the top-k continuations per context")
+    build.add_argument("--order", type=positive_int, default=3, help="n-gram order N (default: 3)")
+    build.add_argument("--min-count", type=positive_int, default=1, help="drop n-grams seen fewer times (default: 1)")
+    build.add_argument("--top-k", type=positive_int, default=None, help="keep only the top-k continuations per context")
     build.add_argument("--output", type=Path, default=Path("ngram.safetensors"), help="output table file")
     build.set_defaults(handler=build_ngram)
 
@@ -265,7 +322,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     convert.add_argument("trie", type=Path)
     convert.add_argument(
-        "--vocab-size", type=int, required=True, help="the target model's vocabulary size (config.vocab_size)"
+        "--vocab-size", type=positive_int, required=True, help="the target model's vocabulary size (config.vocab_size)"
     )
     convert.add_argument("--output", type=Path, default=Path("ngram.safetensors"))
     convert.set_defaults(handler=convert_trie)
@@ -279,11 +336,11 @@ def main(argv: list[str] | None = None) -> None:
         + "), deduplicated against the benchmarks",
     )
     distill.add_argument("--output", type=Path, required=True, help="JSONL file to append examples to (resumable)")
-    distill.add_argument("--max-new-tokens", type=int, default=256)
-    distill.add_argument("--batch-size", type=int, default=16)
-    distill.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    distill.add_argument("--max-new-tokens", type=positive_int, default=256)
+    distill.add_argument("--batch-size", type=positive_int, default=16)
+    distill.add_argument("--limit", type=positive_int, default=None, help="use only the first N prompts")
     distill.add_argument(
-        "--prompt-tokens", type=int, default=None, metavar="N",
+        "--prompt-tokens", type=positive_int, default=None, metavar="N",
         help="cut each prompt to its first N tokens (a base model continuing text, as its benchmark prompts do)",
     )
     distill.add_argument(
@@ -310,6 +367,8 @@ def main(argv: list[str] | None = None) -> None:
     commands.add_parser("train", help="train a draft; `dart-hf train --help` lists every argument", add_help=False)
     commands.add_parser("bench", help="benchmark DART against vanilla generate; `dart-hf bench --help`", add_help=False)
 
+    for subparser in (parser, run, build, convert, distill):
+        short_usage(subparser)
     args = parser.parse_args(argv)
     args.handler(args)
 

@@ -575,6 +575,10 @@ def _check_generation_options(input_ids: torch.Tensor, generation_config: Genera
         raise ValueError(f"DART tree decoding cannot run beam search (num_beams={generation_config.num_beams}).")
     if generation_config.num_return_sequences != 1:
         raise ValueError("DART tree decoding returns one sequence: set num_return_sequences=1.")
+    if generation_config.use_cache is False:
+        raise ValueError(
+            "DART tree decoding keeps the target's KV cache to verify each tree against it: drop use_cache=False."
+        )
     if generation_config.cache_implementation not in (None, "dynamic"):
         raise ValueError(
             f"DART tree decoding needs a DynamicCache; cache_implementation={generation_config.cache_implementation!r} "

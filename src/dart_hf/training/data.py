@@ -25,14 +25,29 @@ def load_conversations(path: str | os.PathLike, limit: int | None = None) -> lis
     installed."""
     if not Path(path).is_file():
         return _dataset_conversations(str(path), limit)
-    text = Path(path).read_text(encoding="utf-8")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not UTF-8 text: pass a JSON or JSONL file of conversations.") from None
     if text.lstrip().startswith("["):
-        records = json.loads(text)
+        try:
+            records = [(f"{path} record {number}", record) for number, record in enumerate(json.loads(text))]
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path} is not valid JSON ({error.msg} at line {error.lineno}): fix the file.") from None
     else:  # split on "\n" only: str.splitlines() also splits on U+2028 inside JSON strings
-        records = [json.loads(line) for line in text.split("\n") if line.strip()]
+        records = []
+        for number, line in enumerate(text.split("\n"), start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append((f"{path}:{number}", json.loads(line)))
+            except json.JSONDecodeError as error:
+                raise ValueError(
+                    f"{path}:{number} is not JSON ({error.msg} at column {error.colno}): fix or delete that line."
+                ) from None
     conversations = []
-    for number, record in enumerate(records):
-        conversations.append(_messages(record, f"{path} record {number}"))
+    for where, record in records:
+        conversations.append(_messages(record, where))
         if limit is not None and len(conversations) == limit:
             break
     return conversations
@@ -54,6 +69,8 @@ def _dataset_conversations(name: str, limit: int | None) -> list[list[dict]]:
 
 def _messages(record: dict, where: str) -> list[dict]:
     roles = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+    if not isinstance(record, dict):
+        raise ValueError(f"{where}: a record must be a JSON object, got {type(record).__name__}.")
     if "messages" in record:
         return [{"role": m["role"], "content": m["content"]} for m in record["messages"]]
     if "conversations" in record:
@@ -145,7 +162,7 @@ def self_distill(
         scheduler = "static" if target.device.type == "cpu" else "continuous"
     output_path = Path(output_path)
     _drop_partial_last_line(output_path)
-    done = {record["id"] for record in _read_jsonl(output_path)}
+    done = {record["id"] for record in _read_jsonl(output_path)[0]}
     todo = sorted((i for i in range(len(prompts)) if i not in done), key=lambda i: len(prompts[i]))
     eos = target.generation_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
@@ -154,7 +171,7 @@ def self_distill(
         _self_distill_continuous(
             target, prompts, todo, output_path, max_new_tokens, batch_size, eos_ids, progress, sampling, deadline
         )
-        return _read_jsonl(output_path)
+        return _read_jsonl(output_path)[0]
     with open(output_path, "a", encoding="utf-8") as handle, tqdm(
         total=len(todo), desc="self-distilling", disable=not progress
     ) as bar:
@@ -179,7 +196,7 @@ def self_distill(
                 _write_record(handle, index, prompts[index], output[row, width:].tolist(), eos_ids)
             handle.flush()
             bar.update(len(batch))
-    return _read_jsonl(output_path)
+    return _read_jsonl(output_path)[0]
 
 
 @torch.no_grad()
@@ -228,15 +245,21 @@ def _self_distill_continuous(
             bar.update(1)
 
 
-def load_examples(paths: Iterable[str | os.PathLike]) -> list[dict]:
-    """Examples (`prompt_ids`, `response_ids`) from JSONL files written by `self_distill` or in that form."""
+def load_examples(paths: Iterable[str | os.PathLike], skip_bad_lines: bool = False) -> list[dict]:
+    """Examples (`prompt_ids`, `response_ids`) from JSONL files written by `self_distill` or in that form.
+
+    A path that is not a file, a line that is not JSON and a record without both lists of token ids are errors that
+    name the file and line; with `skip_bad_lines` the bad lines are skipped instead, and how many is printed per file.
+    Records with an empty response are left out (nothing to supervise)."""
     examples = []
-    for path in paths:
-        examples += [
-            {"prompt_ids": r["prompt_ids"], "response_ids": r["response_ids"]}
-            for r in _read_jsonl(Path(path))
-            if r["response_ids"]
-        ]
+    for path in map(Path, paths):
+        if not path.is_file():
+            raise FileNotFoundError(f"Example file {path} does not exist (or is not a file): check the path.")
+        records, skipped = _read_jsonl(path, skip_bad_lines=skip_bad_lines, required=("prompt_ids", "response_ids"))
+        if skipped:
+            print(f"dart-hf: skipped {skipped} malformed line(s) of {path}")
+        examples += [{"prompt_ids": r["prompt_ids"], "response_ids": r["response_ids"]} for r in records
+                     if r["response_ids"]]
     return examples
 
 
@@ -307,19 +330,40 @@ def _write_record(handle, index: int, prompt: list[int], response: list[int], eo
     handle.write(json.dumps({"id": index, "prompt_ids": prompt, "response_ids": response[:end]}) + "\n")
 
 
-def _read_jsonl(path: Path) -> list[dict]:
+def _read_jsonl(
+    path: Path, skip_bad_lines: bool = False, required: tuple[str, ...] = ()
+) -> tuple[list[dict], int]:
+    """The records of a JSONL file (none when it does not exist) and how many bad lines were skipped. A line that
+    is not a JSON object holding the `required` keys raises a ValueError naming the file and line, unless
+    `skip_bad_lines`."""
     if not path.exists():
-        return []
-    lines = path.read_text(encoding="utf-8").split("\n")
-    records = []
-    for line in lines:
+        return [], 0
+    records, skipped = [], 0
+    # split on "\n" only: str.splitlines() also splits on U+2028 inside JSON strings
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not UTF-8 text: pass a JSONL file of examples.") from None
+    for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            break  # a line cut by an interrupted write: everything before it is intact
-    return records
+            record = json.loads(line)
+            problem = None if isinstance(record, dict) else "is not a JSON object"
+            missing = [key for key in required if problem is None and key not in record]
+            problem = problem or (f"has no {missing}" if missing else None)
+        except json.JSONDecodeError as error:
+            problem = f"is not JSON ({error.msg} at column {error.colno})"
+        if problem is None:
+            records.append(record)
+        elif skip_bad_lines:
+            skipped += 1
+        else:
+            raise ValueError(
+                f"{path}:{number} {problem}. Fix or delete that line, or skip malformed lines on purpose "
+                "(--skip_bad_lines)."
+            )
+    return records, skipped
 
 
 def _drop_partial_last_line(path: Path) -> None:

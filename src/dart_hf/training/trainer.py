@@ -39,6 +39,11 @@ class DartTrainingArguments:
         default=1.0, metadata={"help": "existing-reply examples per self-distilled example (a mixing ratio)"}
     )
     eval_files: list[str] = field(default_factory=list, metadata={"help": "held-out example files for alpha/tau"})
+    skip_bad_lines: bool = field(
+        default=False,
+        metadata={"help": "skip malformed lines of --train_files / --eval_files (printing how many) instead of "
+                          "stopping at the first with an error"},
+    )
     init_draft: str | None = field(default=None, metadata={"help": "start from this draft instead of a fresh one"})
     widen_mlp: int | None = field(
         default=None,
