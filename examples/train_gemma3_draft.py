@@ -24,15 +24,20 @@ every token with its own distributions during training).
 import argparse
 import json
 import random
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import torch
 
-from dart_hf.files import extend_lines, write_atomically
+from dart_hf.files import write_atomically
 from dart_hf.prompts import load_prompts, training_prompts
+from dart_hf.training.recipe import (
+    build_ngram_table,
+    held_out_alphas,
+    interleaved_prompt_file,
+    self_distill_sitting,
+    split_held_out,
+    train_sitting,
+)
 
 DATA = Path("data/gemma3")
 TARGET = "gemma3-270m"
@@ -64,38 +69,6 @@ def prompt_pools() -> dict[str, list[str]]:
     return pools
 
 
-def prompt_file(count: int) -> Path:
-    """`data/gemma3/prompts.jsonl` (the self-distilled file's ids index it): the first `count` prompts of the
-    kinds interleaved in KIND_MIX's proportions. A larger count appends; lines already written never move."""
-    path = DATA / "prompts.jsonl"
-    pools = prompt_pools()
-    taken, lines = dict.fromkeys(pools, 0), []
-    while len(lines) < count:
-        for kind, share in KIND_MIX.items():
-            for text in pools[kind][taken[kind] : taken[kind] + share]:
-                lines.append(json.dumps({"kind": kind, "messages": [{"role": "user", "content": text}]}))
-            taken[kind] += share
-    lines = lines[:count]
-    extend_lines(path, lines)
-    return path
-
-
-def self_distill(prompts: Path, output: Path, minutes: float) -> None:
-    """`dart-hf self-distill` of `prompts` into `output`, starting no batch after `minutes`; what finished is on
-    disk, and a rerun goes on from there."""
-    command = [sys.executable, "-m", "dart_hf.cli", "self-distill", "--target", TARGET, str(prompts),
-               "--output", str(output), "--prompt-tokens", str(PROMPT_TOKENS), "--max-new-tokens", str(NEW_TOKENS),
-               "--batch-size", "16", "--dtype", "bfloat16", "--max-minutes", str(minutes)]
-    subprocess.run(command, check=True)
-
-
-def split_held_out(path: Path) -> None:
-    """Every 20th self-distilled line to `heldout.jsonl`, the others to `train.jsonl`."""
-    lines = path.read_text().strip().split("\n")
-    (DATA / "heldout.jsonl").write_text("\n".join(line for i, line in enumerate(lines) if i % 20 == 0) + "\n")
-    (DATA / "train.jsonl").write_text("\n".join(line for i, line in enumerate(lines) if i % 20) + "\n")
-
-
 def train(output: str, max_steps: int, eval_steps: int, draft_vocab_size: int, resume: str | None = None) -> None:
     """`dart-hf train` on the training split; `resume` (a checkpoint folder) continues its weights, optimizer and
     step count, the cosine schedule then stretched to the new `max_steps`."""
@@ -114,34 +87,13 @@ def train(output: str, max_steps: int, eval_steps: int, draft_vocab_size: int, r
     }
     if resume:
         config["resume_from_checkpoint"] = resume
-    (DATA / "train_config.json").write_text(json.dumps(config, indent=2))
-    start = time.time()
-    subprocess.run([sys.executable, "-m", "dart_hf.cli", "train", str(DATA / "train_config.json")], check=True)
-    print(f"trained in {(time.time() - start) / 60:.1f} min -> {output}")
+    train_sitting(config, DATA / "train_config.json")
 
 
-def build_ngram_table(folder: Path) -> None:
-    """The draft's trigram table from the training split (prompts and replies), saved beside the draft."""
-    from dart_hf import NgramTable
-    from dart_hf.training import load_examples
-
-    examples = load_examples([DATA / "train.jsonl"])
-    table = NgramTable.from_sequences((e["prompt_ids"] + e["response_ids"] for e in examples),
-                                      vocab_size=262144, order=3)
-    table.metadata["source"] = "Gemma 3 270M's greedy continuations (training split), prompts included"
-    table.save(folder / "ngram.safetensors")
-    print(f"N-gram table: {table.describe()} -> {folder / 'ngram.safetensors'}")
-
-
-def held_out_alphas(draft_folder: str) -> dict:
-    """alpha_1..8 and chain tau of `draft_folder` on the held-out continuations, the float32 target as teacher."""
-    from dart_hf.training import DartDataCollator, evaluate_draft, load_examples
-    from dart_hf.zoo import load_draft, load_target
-
-    target, _ = load_target(TARGET, dtype=torch.float32)
-    draft = load_draft(draft_folder, target)
-    examples = load_examples([DATA / "heldout.jsonl"])
-    return evaluate_draft(draft, target, examples, DartDataCollator(max_length=MAX_LENGTH))
+def build_ngram(folder: Path) -> None:
+    """The draft's trigram table from the training split, saved beside the draft."""
+    build_ngram_table(DATA / "train.jsonl", folder, 262144,
+                      "Gemma 3 270M's greedy continuations (training split), prompts included")
 
 
 def export_draft(checkpoint: Path) -> None:
@@ -150,7 +102,7 @@ def export_draft(checkpoint: Path) -> None:
     from dart_hf.zoo import load_target, ship_draft
 
     if not (checkpoint / "ngram.safetensors").exists():
-        build_ngram_table(checkpoint)
+        build_ngram(checkpoint)
     target, _ = load_target(TARGET, dtype=torch.float32)
     print(f"shipped {checkpoint} as {DRAFT_NAME} -> {ship_draft(checkpoint, DRAFT_NAME, target)}")
 
@@ -253,16 +205,19 @@ def main() -> None:
     if args.card:
         return write_model_card(args.card)
     if args.ngram:
-        return build_ngram_table(args.ngram)
+        return build_ngram(args.ngram)
     if args.alphas:
-        return print(json.dumps(held_out_alphas(args.alphas), indent=2))
+        return print(json.dumps(held_out_alphas(TARGET, args.alphas, DATA / "heldout.jsonl", MAX_LENGTH), indent=2))
     DATA.mkdir(parents=True, exist_ok=True)
     if args.distill_minutes > 0:
-        self_distill(prompt_file(args.prompts), DATA / "selfdistill.jsonl", args.distill_minutes)
+        prompts = interleaved_prompt_file(DATA / "prompts.jsonl", prompt_pools(), KIND_MIX, args.prompts)
+        self_distill_sitting(TARGET, prompts, DATA / "selfdistill.jsonl", args.distill_minutes,
+                             "--prompt-tokens", str(PROMPT_TOKENS), "--max-new-tokens", str(NEW_TOKENS),
+                             "--batch-size", "16", "--dtype", "bfloat16")
     if args.max_steps > 0:
-        split_held_out(DATA / "selfdistill.jsonl")
+        split_held_out(DATA / "selfdistill.jsonl", DATA)
         train(args.output, args.max_steps, args.eval_steps, args.draft_vocab_size, args.resume)
-        build_ngram_table(Path(args.output))
+        build_ngram(Path(args.output))
 
 
 if __name__ == "__main__":

@@ -94,3 +94,22 @@ def force_costs(draft: DartDraftModel, costs: ForwardCosts) -> None:
     """Pin the draft's controller to these target forward costs and a free draft forward, with steps timed as
     taking no overhead (`ControllerState.pin`): its decisions then depend on the text alone, not on this machine."""
     draft.controller_state.pin(costs)
+
+
+def cli_failure(capsys, argv: list[str], exit_code: int = 1) -> str:
+    """Run `dart-hf argv`, expect it to fail with `exit_code` in at most two lines and no traceback; return them."""
+    import re
+
+    import pytest
+
+    from dart_hf.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == exit_code
+    stderr = capsys.readouterr().err
+    assert "Traceback" not in stderr
+    # progress bars (loading, counting) share stderr; the failure itself is what dart-hf and argparse print
+    lines = [line for line in re.split(r"[\r\n]|\x1b\[A", stderr) if line.startswith(("dart-hf", "usage:"))]
+    assert 1 <= len(lines) <= 2, lines
+    return "\n".join(lines)

@@ -149,3 +149,24 @@ def test_bootstrap_interval_holds_the_estimate_and_widens_with_noise():
     assert low < sum(vanilla) / sum(quiet) < high and 1.08 < low and high < 1.12
     noisy_low, noisy_high = bench.bootstrap_interval(vanilla, noisy)
     assert noisy_high - noisy_low > 3 * (high - low)
+
+
+def test_the_peers_assisted_and_prompt_lookup_run_beside_dart_and_match_vanilla(monkeypatch):
+    """Transformers' assisted decoding (a smaller model with the same vocabulary) and prompt lookup, interleaved
+    with vanilla and DART, each held to vanilla's greedy output."""
+    import pytest
+
+    monkeypatch.setattr(bench, "load_prompts", lambda name, limit: [f"{name} prompt {i}" for i in range(limit)])
+    target = tiny_target("llama", seed=3)
+    assistant = tiny_target("llama", seed=4, num_hidden_layers=2)  # the same 128-token vocabulary
+    draft = DartDraftModel.from_target(target)
+    methods = ["vanilla", "assisted", "prompt_lookup", "dart"]
+    summary = bench.run_benchmark(target, char_tokenizer(), draft, ["set-a"], prompts_per_set=3, max_new_tokens=24,
+                                  methods=methods, assistant=assistant)
+    overall = summary["overall"]
+    for method in ("assisted", "prompt_lookup", "dart"):
+        assert overall[method]["prompts"] == 3 and overall[method]["greedy_mismatches"] == 0, method
+        assert overall[method]["near_ties"]["identical"] == 3
+    assert "assisted speedup (tau)" in bench.markdown_table(summary)
+    with pytest.raises(ValueError, match="needs an assistant model"):
+        bench.run_benchmark(target, char_tokenizer(), draft, ["set-a"], 1, 8, methods=["vanilla", "assisted"])

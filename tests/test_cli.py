@@ -2,7 +2,6 @@
 failures as one or two lines and an exit code (the traceback only with --debug)."""
 
 import json
-import re
 
 import numpy as np
 import pytest
@@ -11,6 +10,7 @@ from transformers import PreTrainedTokenizerFast
 
 from dart_hf import NgramTable
 from dart_hf.cli import main
+from _helpers import cli_failure
 from test_ngram import random_corpus, write_trie
 
 
@@ -90,52 +90,41 @@ def test_generate_command_picks_the_dtype_by_hardware_and_judges_bfloat16_by_nea
     assert "torch.bfloat16: " in printed and "0 real divergences" in printed
 
 
-def failure(capsys, argv: list[str], exit_code: int = 1) -> str:
-    """Run `dart-hf argv`, expect it to fail with `exit_code` in at most two lines and no traceback; return them."""
-    with pytest.raises(SystemExit) as exited:
-        main(argv)
-    assert exited.value.code == exit_code
-    stderr = capsys.readouterr().err
-    assert "Traceback" not in stderr
-    # progress bars (loading, counting) share stderr; the failure itself is what dart-hf and argparse print
-    lines = [line for line in re.split(r"[\r\n]|\x1b\[A", stderr) if line.startswith(("dart-hf", "usage:"))]
-    assert 1 <= len(lines) <= 2, lines
-    return "\n".join(lines)
-
-
 def test_generate_and_bench_name_a_target_or_draft_that_cannot_be_loaded(tmp_path, capsys):
-    assert "target ./no-such-model does not exist" in failure(
+    assert "target ./no-such-model does not exist" in cli_failure(
         capsys, ["generate", "--target", "./no-such-model", "--draft", "d", "--dtype", "float32"])
-    assert "--max-new-tokens: must be an integer >= 1, got 0" in failure(
+    assert "--max-new-tokens: must be an integer >= 1, got 0" in cli_failure(
         capsys, ["generate", "--target", "t", "--draft", "d", "--max-new-tokens", "0"], 2)
-    assert "target ./no-such-model does not exist" in failure(capsys, ["bench", "--target", "./no-such-model"])
-    assert "--prompts-per-set: must be an integer >= 1, got -3" in failure(capsys, ["bench", "--prompts-per-set", "-3"], 2)
+    assert "target ./no-such-model does not exist" in cli_failure(capsys, ["bench", "--target", "./no-such-model"])
+    assert "--prompts-per-set: must be an integer >= 1, got -3" in cli_failure(
+        capsys, ["bench", "--prompts-per-set", "-3"], 2)
     (tmp_path / "config.json").write_text("{}")  # a folder that is not a model
-    assert "dart-hf generate: error:" in failure(
+    assert "dart-hf generate: error:" in cli_failure(
         capsys, ["generate", "--target", str(tmp_path), "--draft", "d", "--dtype", "float32"])
 
 
 def test_build_ngram_names_a_missing_binary_or_malformed_input(tmp_path, capsys):
     make_tokenizer(tmp_path / "tok")
     common = ["build-ngram", "--tokenizer", str(tmp_path / "tok"), "--output", str(tmp_path / "t.safetensors")]
-    assert f"No such file or directory: {tmp_path / 'missing.jsonl'}" in failure(
+    assert f"No such file or directory: {tmp_path / 'missing.jsonl'}" in cli_failure(
         capsys, common + [str(tmp_path / "missing.jsonl")])
     (tmp_path / "binary.jsonl").write_bytes(bytes(range(256)))
-    assert "binary.jsonl is not UTF-8 text" in failure(capsys, common + [str(tmp_path / "binary.jsonl")])
+    assert "binary.jsonl is not UTF-8 text" in cli_failure(capsys, common + [str(tmp_path / "binary.jsonl")])
     (tmp_path / "bad.jsonl").write_text('{"text": "the cat"}\n[1, 2\n')
-    assert "bad.jsonl:2 is not JSON" in failure(capsys, common + [str(tmp_path / "bad.jsonl")])
-    assert "Is a directory" in failure(capsys, common + [str(tmp_path)])
-    assert "tokenizer ./no-tokenizer does not exist" in failure(
+    assert "bad.jsonl:2 is not JSON" in cli_failure(capsys, common + [str(tmp_path / "bad.jsonl")])
+    assert "Is a directory" in cli_failure(capsys, common + [str(tmp_path)])
+    assert "tokenizer ./no-tokenizer does not exist" in cli_failure(
         capsys, ["build-ngram", "--tokenizer", "./no-tokenizer", str(tmp_path / "bad.jsonl")])
     assert not (tmp_path / "t.safetensors").exists()
 
 
 def test_convert_trie_names_a_missing_or_wrong_file_and_debug_shows_the_traceback(tmp_path, capsys):
-    assert "No such file or directory" in failure(capsys, ["convert-trie", str(tmp_path / "x.trie"), "--vocab-size", "12"])
-    assert "Is a directory" in failure(capsys, ["convert-trie", str(tmp_path), "--vocab-size", "12"])
+    assert "No such file or directory" in cli_failure(
+        capsys, ["convert-trie", str(tmp_path / "x.trie"), "--vocab-size", "12"])
+    assert "Is a directory" in cli_failure(capsys, ["convert-trie", str(tmp_path), "--vocab-size", "12"])
     (tmp_path / "noise.trie").write_bytes(np.random.default_rng(0).bytes(4000))
-    assert "not a reference DART .trie file" in failure(
+    assert "not a reference DART .trie file" in cli_failure(
         capsys, ["convert-trie", str(tmp_path / "noise.trie"), "--vocab-size", "12"])
-    assert "required: trie, --vocab-size" in failure(capsys, ["convert-trie"], 2)
+    assert "required: trie, --vocab-size" in cli_failure(capsys, ["convert-trie"], 2)
     with pytest.raises(ValueError, match="not a reference DART .trie file"):
         main(["convert-trie", str(tmp_path / "noise.trie"), "--vocab-size", "12", "--debug"])

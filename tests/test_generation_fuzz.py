@@ -101,7 +101,8 @@ def draw_prompt(rng: random.Random) -> list[int]:
     return [rng.randrange(1, VOCAB_SIZE) for _ in range(rng.randint(1, 24))]
 
 
-def free_run(arch: str, prompt: list[int], length: int = 24) -> list[int]:
+@functools.cache
+def free_run(arch: str, prompt: tuple[int, ...], length: int = 24) -> list[int]:
     """Tokens the target writes after `prompt` without options: where EOS, stop and suppressed ids come from, so
     that they matter."""
     ids = torch.tensor([prompt])
@@ -113,9 +114,10 @@ def draw_case(seed: int) -> dict:
     rng = random.Random(seed)
     arch = rng.choice(ARCHITECTURES)
     prompt = draw_prompt(rng)
-    written = free_run(arch, prompt)
+    written = list(free_run(arch, tuple(prompt)))
     kwargs: dict = {}
-    dart: dict = {"oracle_levels": rng.choice([0, 0, 1, 3, 8]), "chain": rng.random() < 0.12, "entry": "assistant_model"}
+    dart: dict = {"oracle_levels": rng.choice([0, 0, 1, 3, 8]), "chain": rng.random() < 0.12}
+    dart["entry"] = "assistant_model"
     extras: dict = {"streamer": False, "processor": False, "stop_after": None, "stop_string": None}
 
     eos = None

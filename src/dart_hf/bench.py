@@ -1,11 +1,12 @@
-"""The benchmark harness: DART against vanilla `generate` and prompt-lookup decoding, side by side.
+"""The benchmark harness: DART against vanilla `generate` and the peers Transformers offers (prompt lookup
+decoding, assisted decoding with a smaller model of the same tokenizer), side by side.
 
 Methods run interleaved prompt by prompt (the same prompts, the same process, the order reversed on every other
 prompt), so machine noise hits all of them alike. Speed is reported as ratios to vanilla `generate`'s seconds per
 new token in the bench's dtype (`--dtype`, the target's): the median of per-prompt ratios and the total-time ratio
 (greedy outputs are the same tokens for every method, so these are plain time ratios; sampled ones may end at
-different lengths), and, in a low-precision run, over vanilla float32 too. Every greedy DART output is checked
-against vanilla's in the same dtype: identical in float32; in bfloat16 or float16 each divergence is judged a
+different lengths), and, in a low-precision run, over vanilla float32 too. Every greedy output of DART and the
+peers is checked against vanilla's in the same dtype: identical in float32; in bfloat16 or float16 each divergence is judged a
 near-tie or a real disagreement by the target's own logits (`dart_hf.near_ties`). The draft's teacher-forced
 agreement with vanilla's greedy output (alpha_k) is reported per set. Each method first runs once untimed on a
 prompt of its own (first-call setup and DART's one-time cost calibration stay out of the timings).
@@ -14,6 +15,8 @@ prompt of its own (first-call setup and DART's one-time cost calibration stay ou
     dart-hf bench --draft smollm2-135m-instruct-dart --quick    # 2 prompts per set
     dart-hf bench --draft smollm2-135m-instruct-dart --sample   # T=1: no greedy check, no alpha
     dart-hf bench --draft smollm2-135m-instruct-dart --dtype bfloat16   # against vanilla bfloat16 and float32
+    dart-hf bench --target qwen2.5-coder-1.5b-instruct --draft DRAFT --dtype bfloat16 \
+        --methods vanilla assisted prompt_lookup dart                   # the peers, the 0.5B as the assistant
 """
 
 from __future__ import annotations
@@ -43,9 +46,12 @@ WARM_UP_PROMPT = "Say hello."  # not from any prompt set
 # this project's CPU no call passed 2.5x; calls slowed by other work on the machine took 3.4-5.5x
 SLOW_CALL_FACTOR = 3.0
 METHODS = [
-    "vanilla", "vanilla_bf16", "vanilla_float32", "prompt_lookup", "dart_chain", "dart_no_ngram", "dart_no_lookup",
-    "dart_fixed_drafts", "dart_drawn_only", "dart",
+    "vanilla", "vanilla_bf16", "vanilla_float32", "prompt_lookup", "assisted", "dart_chain", "dart_no_ngram",
+    "dart_no_lookup", "dart_fixed_drafts", "dart_drawn_only", "dart",
 ]
+PEER_METHODS = ["prompt_lookup", "assisted"]  # what Transformers offers instead: prompt lookup, a small assistant
+# the assistant `--methods assisted` uses by default for a zoo target: a smaller model with the same tokenizer
+ASSISTANTS = {"qwen2.5-coder-1.5b-instruct": "qwen2.5-coder-0.5b-instruct"}
 DEFAULT_METHODS = ["vanilla", "vanilla_bf16", "prompt_lookup", "dart_no_ngram", "dart"]
 # a run whose target is not float32 compares with vanilla float32 in place of vanilla bfloat16
 LOW_PRECISION_METHODS = ["vanilla", "vanilla_float32", "prompt_lookup", "dart_no_ngram", "dart"]
@@ -93,15 +99,20 @@ def run_benchmark(
     do_sample: bool = False,
     methods: list[str] | None = None,
     tree_options: dict | None = None,
+    assistant=None,
 ) -> dict:
     """Run every method on every prompt, interleaved; returns a JSON-ready dict of per-set results. `target`'s
-    dtype is the run's: "vanilla" and the DART methods use it; "vanilla_bf16" / "vanilla_float32" load a copy in
-    that dtype."""
+    dtype is the run's: "vanilla", the peers and the DART methods use it; "vanilla_bf16" / "vanilla_float32" load
+    a copy in that dtype. "assisted" is Transformers' assisted decoding with `assistant` (a smaller model with the
+    target's tokenizer); "prompt_lookup" is its prompt lookup decoding (10 tokens)."""
     methods = methods or list(DEFAULT_METHODS if target.dtype == torch.float32 else LOW_PRECISION_METHODS)
     if "vanilla" not in methods:
         methods = ["vanilla"] + methods  # the reference for every speedup and the greedy check
     if draft is None:
         methods = [m for m in methods if not m.startswith("dart")]
+    if "assisted" in methods and assistant is None:
+        raise ValueError("The 'assisted' method needs an assistant model with the target's tokenizer: pass "
+                         "assistant= (dart-hf bench --assistant NAME).")
     other_dtypes = {"vanilla_bf16": torch.bfloat16, "vanilla_float32": torch.float32}
     copies = {
         method: type(target).from_pretrained(target.name_or_path, dtype=other_dtypes[method]).to(target.device).eval()
@@ -114,6 +125,8 @@ def run_benchmark(
         model = copies.get(method, target)
         if method == "prompt_lookup":
             kwargs["prompt_lookup_num_tokens"] = 10
+        elif method == "assisted":
+            kwargs["assistant_model"] = assistant
         elif method.startswith("dart"):
             kwargs["assistant_model"] = draft
             options = dict(tree_options or {})
@@ -133,6 +146,7 @@ def run_benchmark(
     # each DART method keeps its own controller evidence (the methods share one draft object)
     dart_methods = [m for m in methods if m.startswith("dart")]
     evidence = dict.fromkeys(dart_methods)  # None: fresh evidence
+    checked_methods = [m for m in methods if m in PEER_METHODS] + dart_methods  # held to vanilla's greedy output
 
     def generate(method: str, inputs: dict, **overrides) -> torch.Tensor:
         model, kwargs = method_call(method)
@@ -196,13 +210,13 @@ def run_benchmark(
         if do_sample:
             continue
         reference = outputs["vanilla"]
-        for method in dart_methods:
+        for method in checked_methods:
             if not torch.equal(outputs[method], reference):
                 per_method[method].mismatches += 1
         prompt_length = inputs["input_ids"].shape[1]
         near_ties.setdefault(set_name, NearTieReport()).add_prompt(
             target, inputs["input_ids"][0], reference[0, prompt_length:], vanilla_logits,
-            {method: outputs[method][0, prompt_length:] for method in dart_methods},
+            {method: outputs[method][0, prompt_length:] for method in checked_methods},
         )
         if dart_methods:  # untimed: the draft's agreement with vanilla's greedy output
             hits, rows = greedy_agreement(draft, target, reference, inputs["input_ids"].shape[1])
@@ -257,13 +271,14 @@ def summarise(
                     speedup(float32.seconds, result.seconds, float32.tokens, result.tokens))
                 row["speedup_over_float32_ci95"] = bootstrap_interval(
                     float32.seconds, result.seconds, float32.tokens, result.tokens)
+            if method in PEER_METHODS or method.startswith("dart"):  # held to vanilla's greedy output
+                row["greedy_mismatches"] = None if sampled else result.mismatches
+                if report is not None and method in report.gaps:
+                    row["near_ties"] = report.summary(method, rounding_scale=whole_run.rounding_scale)
             if result.verify_steps or result.plain_steps:
                 row["tau"] = statistics.fmean(result.taus) if result.taus else 1.0
                 total = sum(result.split.values())
                 row["time_split"] = {part: value / total for part, value in result.split.items()} if total else {}
-                row["greedy_mismatches"] = None if sampled else result.mismatches
-                if report is not None and method in report.gaps:
-                    row["near_ties"] = report.summary(method, rounding_scale=whole_run.rounding_scale)
                 row["plain_fraction"] = result.plain_steps / (result.plain_steps + result.verify_steps)
                 row["lookup_fraction"] = result.lookup_steps / (result.plain_steps + result.verify_steps)
                 row["budget_chosen"] = statistics.median(result.budgets) if result.budgets else 0
@@ -416,12 +431,17 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default="smollm2-135m-instruct")
     parser.add_argument("--draft", default=None, help="shipped draft name, folder or Hub repo (none: baselines only)")
+    parser.add_argument("--assistant", default=None,
+                        help="the 'assisted' method's assistant: a zoo name or folder with the target's tokenizer "
+                        f"(default for a zoo target: {ASSISTANTS})")
     parser.add_argument("--sets", nargs="+", default=BENCHMARK_SETS)
     parser.add_argument("--prompts-per-set", type=positive_int, default=20)
-    parser.add_argument("--max-new-tokens", type=positive_int, default=32, help="default 32: the default run fits 30 min")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=32,
+                        help="default 32: the default run fits 30 min")
     parser.add_argument("--sample", action="store_true", help="T=1 sampling instead of greedy")
     parser.add_argument("--quick", action="store_true", help="2 prompts per set, 32 new tokens")
-    parser.add_argument("--tree-budget", type=positive_int, default=None, help="tree nodes (default: the draft's config)")
+    parser.add_argument("--tree-budget", type=positive_int, default=None,
+                        help="tree nodes (default: the draft's config)")
     parser.add_argument("--methods", nargs="+", default=None, choices=METHODS,
                         help=f"default: {DEFAULT_METHODS} in float32, else {LOW_PRECISION_METHODS}")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "auto"], default="float32",
@@ -434,9 +454,16 @@ def main(argv: list[str] | None = None) -> None:
         args.prompts_per_set, args.max_new_tokens = 2, 32
     target, tokenizer = load_target(args.target, dtype=None if args.dtype == "auto" else getattr(torch, args.dtype))
     draft = load_draft(args.draft, target) if args.draft else None
+    assistant = None
+    if args.methods and "assisted" in args.methods:
+        name = args.assistant or ASSISTANTS.get(args.target.lower())
+        if name is None:
+            raise ValueError(f"--methods assisted needs --assistant (a smaller model with {args.target}'s tokenizer).")
+        assistant = load_target(name, dtype=target.dtype, device=target.device)[0]
     summary = run_benchmark(
         target, tokenizer, draft, args.sets, args.prompts_per_set, args.max_new_tokens, do_sample=args.sample,
         methods=args.methods, tree_options={"budget": args.tree_budget} if args.tree_budget else None,
+        assistant=assistant,
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for suffix, text in ((".json", json.dumps(summary, indent=2) + "\n"), (".md", markdown_table(summary) + "\n")):

@@ -268,7 +268,8 @@ def main(argv: list[str] | None = None) -> None:
 def describe_error(error: Exception) -> str:
     """One line for a failure: the message (an OSError's reason and file), its first line when it runs long."""
     if isinstance(error, OSError) and error.strerror and error.filename:
-        hint = {IsADirectoryError: "pass a file", NotADirectoryError: "pass a folder"}.get(type(error), "check the path")
+        hints = {IsADirectoryError: "pass a file", NotADirectoryError: "pass a folder"}
+        hint = hints.get(type(error), "check the path")
         return f"{error.strerror}: {error.filename} ({hint})"
     if isinstance(error, UnicodeDecodeError):
         return f"not UTF-8 text ({error.reason} at byte {error.start}): pass a text file"

@@ -47,7 +47,9 @@ def check_pretrained_name(name: str, what: str, other_names: list[str] | tuple[s
     if Path(name).expanduser().exists():
         return
     if looks_like_local_path(name):
-        raise FileNotFoundError(f"The {what} {name} does not exist: pass an existing folder, a Hub id (org/name){others}.")
+        raise FileNotFoundError(
+            f"The {what} {name} does not exist: pass an existing folder, a Hub id (org/name){others}."
+        )
     if not hub_reachable():
         from huggingface_hub import try_to_load_from_cache
 

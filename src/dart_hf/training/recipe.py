@@ -1,0 +1,82 @@
+"""The steps a draft recipe runs on real data, shared by the recipes in `examples/`: a prompt file that only grows,
+self-distillation in bounded sittings, a held-out split, the draft's N-gram table and its held-out agreement."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ..files import extend_lines
+
+
+def interleaved_prompt_file(path: Path, pools: dict[str, list[str]], mix: dict[str, int], count: int) -> Path:
+    """Write to `path` the first `count` prompts of the `pools` kinds interleaved in `mix`'s proportions (per
+    round, `mix[kind]` prompts of each kind), one `{"kind", "messages"}` JSON line each. The self-distilled file's
+    ids index these lines, so a larger count appends and lines already written never move."""
+    taken, lines = dict.fromkeys(pools, 0), []
+    while len(lines) < count:
+        added = len(lines)
+        for kind, share in mix.items():
+            for text in pools[kind][taken[kind] : taken[kind] + share]:
+                lines.append(json.dumps({"kind": kind, "messages": [{"role": "user", "content": text}]}))
+            taken[kind] += share
+        if len(lines) == added:
+            raise ValueError(f"The prompt pools hold {len(lines)} prompts, fewer than the {count} asked for.")
+    extend_lines(path, lines[:count])
+    return path
+
+
+def self_distill_sitting(target: str, prompts: Path, output: Path, minutes: float, *arguments: str) -> None:
+    """`dart-hf self-distill --target target prompts --output output --max-minutes minutes *arguments` in a child
+    process: no batch starts after `minutes`, what finished is on disk, and the same call again goes on."""
+    command = [sys.executable, "-m", "dart_hf.cli", "self-distill", "--target", target, str(prompts),
+               "--output", str(output), "--max-minutes", str(minutes), *arguments]
+    subprocess.run(command, check=True)
+
+
+def train_sitting(config: dict, config_path: Path) -> None:
+    """`dart-hf train config_path` in a child process, after writing `config` (its arguments) there; prints the
+    minutes it took. With `resume_from_checkpoint` in `config` it continues that checkpoint's weights, optimizer
+    and step count."""
+    config_path.write_text(json.dumps(config, indent=2))
+    start = time.time()
+    subprocess.run([sys.executable, "-m", "dart_hf.cli", "train", str(config_path)], check=True)
+    print(f"trained in {(time.time() - start) / 60:.1f} min -> {config['output_dir']}")
+
+
+def split_held_out(path: Path, folder: Path, every: int = 20) -> None:
+    """Every `every`-th line of the self-distilled file `path` to `folder/heldout.jsonl`, the others to
+    `folder/train.jsonl`."""
+    lines = path.read_text().strip().split("\n")
+    (folder / "heldout.jsonl").write_text("\n".join(line for i, line in enumerate(lines) if i % every == 0) + "\n")
+    (folder / "train.jsonl").write_text("\n".join(line for i, line in enumerate(lines) if i % every) + "\n")
+
+
+def build_ngram_table(train_file: Path, folder: Path, vocab_size: int, source: str) -> None:
+    """The draft's trigram table from the examples in `train_file` (prompts and replies), saved as
+    `folder/ngram.safetensors` with `source` in its metadata."""
+    from ..ngram import NgramTable
+    from .data import load_examples
+
+    examples = load_examples([train_file])
+    table = NgramTable.from_sequences((e["prompt_ids"] + e["response_ids"] for e in examples),
+                                      vocab_size=vocab_size, order=3)
+    table.metadata["source"] = source
+    table.save(folder / "ngram.safetensors")
+    print(f"N-gram table: {table.describe()} -> {folder / 'ngram.safetensors'}")
+
+
+def held_out_alphas(target: str, draft_folder: str, heldout: Path, max_length: int) -> dict:
+    """alpha_1..8 and chain tau of `draft_folder` on the examples in `heldout`, the float32 target as teacher."""
+    from ..zoo import load_draft, load_target
+    from .data import DartDataCollator, load_examples
+    from .trainer import evaluate_draft
+
+    target_model, _ = load_target(target, dtype=torch.float32)
+    draft = load_draft(draft_folder, target_model)
+    return evaluate_draft(draft, target_model, load_examples([heldout]), DartDataCollator(max_length=max_length))
