@@ -170,3 +170,21 @@ def test_the_peers_assisted_and_prompt_lookup_run_beside_dart_and_match_vanilla(
     assert "assisted speedup (tau)" in bench.markdown_table(summary)
     with pytest.raises(ValueError, match="needs an assistant model"):
         bench.run_benchmark(target, char_tokenizer(), draft, ["set-a"], 1, 8, methods=["vanilla", "assisted"])
+
+
+def test_bench_command_loads_the_assistant_and_asks_for_one_where_it_has_no_default(tmp_path, monkeypatch, capsys):
+    import json
+
+    import pytest
+
+    monkeypatch.setattr(bench, "load_prompts", lambda name, limit: [f"{name} prompt {i}" for i in range(limit)])
+    for name, layers in (("target", 6), ("assistant", 2)):
+        tiny_target("llama", seed=3, num_hidden_layers=layers).save_pretrained(tmp_path / name)
+        char_tokenizer().save_pretrained(tmp_path / name)
+    common = ["--target", str(tmp_path / "target"), "--sets", "set-a", "--prompts-per-set", "1",
+              "--max-new-tokens", "8", "--methods", "vanilla", "assisted", "--out", str(tmp_path / "run")]
+    bench.main(common + ["--assistant", str(tmp_path / "assistant")])
+    summary = json.loads((tmp_path / "run.json").read_text())
+    assert summary["overall"]["assisted"]["greedy_mismatches"] == 0
+    with pytest.raises(ValueError, match="--methods assisted needs --assistant"):
+        bench.main(common)
