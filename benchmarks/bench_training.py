@@ -2,7 +2,7 @@
 
 The target has SmolLM2-135M's architecture (Llama, 30 layers, hidden 576, 9 / 3 heads, 49,152-token vocabulary)
 with random weights: the cost of a step does not depend on the weights. Sequences are 64 prompt + 192 response
-tokens; the draft uses a reduced 8,192-token vocabulary and 32 sampled anchors per batch (SPEC section 6).
+tokens; the draft uses a reduced 8,192-token vocabulary and 32 sampled anchors per batch.
 
     python benchmarks/bench_training.py [--steps 12] [--batch-size 4] [--out benchmarks/results/training.json]
     python benchmarks/bench_training.py --feature-cache   # from the offline feature cache (built first, timed)

@@ -85,7 +85,7 @@ def test_topk_policy_maps_draft_ids_and_respects_small_budgets():
 
 
 def reference_beam_search(logits, context, policy: BeamSearchTreePolicy):
-    """Loop-based DART tree search straight from SPEC section 4: returns {token path: score} of the kept nodes."""
+    """Loop-based DART tree search straight from the paper's description: returns {token path: score} of the kept nodes."""
     levels = logits.shape[0]
     candidates = []
     for level in range(levels):

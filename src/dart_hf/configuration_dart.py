@@ -27,13 +27,13 @@ class DartConfig(PreTrainedConfig):
     and the released drafts were tuned for it. [`DartConfig.from_llama_dict`] sets it; drafts trained here leave it
     off.
 
-    Training-side options (SPEC section 6): `feature_norm` adds one RMSNorm per feature layer before `fc` (target
+    Training-side options: `feature_norm` adds one RMSNorm per feature layer before `fc` (target
     layers differ in scale by an order of magnitude; off in the released drafts, which have no such weights);
     `feature_dropout` drops target features while training; `mask_rep_init_std` is the initial scale of `mask_rep`.
 
     Tree policy defaults (saved with the draft, overridable per `generate` call with `tree_options={...}` using
-    the names without the `tree_` prefix): `tree_policy` is "beam" (DART's continuity-aware beam search, SPEC
-    section 4, with the reference defaults below) or "topk" (the plain per-level top-k tree); `tree_budget` nodes
+    the names without the `tree_` prefix): `tree_policy` is "beam" (DART's continuity-aware beam search scored by
+    the N-gram table, with the reference defaults below) or "topk" (the plain per-level top-k tree); `tree_budget` nodes
     below the root; `tree_top_k` tokens per level; `tree_beam_width` beams; level weight
     `(l + 1) ** -tree_level_decay`; logit weight `tree_logit_decay ** l`; N-gram weight `tree_ngram_weight`;
     `tree_ngram_at_root` scores level 0 with the N-gram too (paper variant); `tree_full_softmax` normalises the

@@ -158,7 +158,7 @@ class DartPreTrainedModel(PreTrainedModel):
 
 class DartDraftModel(DartPreTrainedModel):
     r"""
-    The DART drafter (SPEC section 2). One forward pass maps the target's features of T new positions, plus
+    The DART drafter. One forward pass maps the target's features of T new positions, plus
     M appended mask rows, to logits for the last real row and every mask row.
 
     Attach a target with [`DartDraftModel.bind`] (or `from_pretrained(..., target=target)`): the draft then

@@ -1,7 +1,8 @@
 """NgramTable: token N-gram counts stored as one sorted array, memory-mapped, queried with per-candidate backoff.
 
-Counting (SPEC section 4): every document gets EOS appended; every k-gram (k = 1..N) at every position is
-counted, those that end at the document's end included, so count(x) is exactly the number of occurrences of x.
+Counting (as the reference implementation counts): every document gets EOS appended; every k-gram (k = 1..N) at
+every position is counted, those that end at the document's end included, so count(x) is exactly the number of
+occurrences of x.
 
 Query: P(c | context) = count(ctx + c) / count(ctx) for the longest suffix ctx of the context (N - 1 tokens,
 then fewer, never the empty context) under which c was seen; 0 when c was seen under none.
@@ -267,8 +268,10 @@ class NgramTable:
 
     @classmethod
     def from_trie(cls, path: str | os.PathLike, vocab_size: int, progress: bool = True) -> NgramTable:
-        """Convert the reference DART `.trie` binary (layout in SPEC section 4) into a table. No node order or
-        child order is assumed: each node's k-gram is rebuilt from its parent links."""
+        """Convert the reference DART `.trie` binary into a table. Layout (little-endian, no padding): a header
+        `u64 order, u64 node_count`, then per node `i32 token, u64 parent, i32 count, u64 n_children` followed by
+        n_children `(i32 token, u64 child id)` pairs; node 0 is the root. No node order or child order is assumed:
+        each node's k-gram is rebuilt from its parent links, and every node is checked (`_check_trie`)."""
         data = memoryview(Path(path).read_bytes())
         if len(data) < 16:
             raise ValueError(f"{path} is too short to be a .trie file (no 16-byte header).")

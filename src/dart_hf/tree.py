@@ -182,7 +182,8 @@ class TopKTreePolicy:
 
 @dataclass
 class BeamSearchTreePolicy:
-    """DART's continuity-aware tree search (SPEC section 4), vectorised over beams and candidates.
+    """DART's continuity-aware tree search (beams scored by the draft's logits and the N-gram table), vectorised
+    over beams and candidates.
 
     Each level l offers its `top_k` draft tokens; `beam_width` beams are extended level by level and every
     extension is a candidate node, scored by the sum over its levels of

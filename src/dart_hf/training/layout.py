@@ -1,4 +1,4 @@
-"""The prefix-shared training layout (SPEC section 6, paper Figure 4).
+"""The prefix-shared training layout (the paper's Figure 4).
 
 One draft forward covers many anchors. Rows: [prefix 0..T-1][block of anchor a_0 (D mask rows)]...[block a_{A-1}].
 Prefix row j (features h_j, embedding of x_{j+1}) sits at position j and sees prefix rows 0..j. Mask row o

@@ -20,7 +20,7 @@ def dart_loss(
     draft_vocab_ids: `[V_d]` target ids of the draft vocabulary (reduced vocabulary): the target distribution is
         restricted to them and renormalised.
     Returns the weighted sum divided by the number of rows with weight 1 (depth-0 rows), i.e. the per-anchor sum
-    over depths of SPEC section 6, averaged over anchors.
+    over depths of `sum_k gamma^k KL(p_target || q_draft)`, averaged over anchors.
     """
     if draft_vocab_ids is not None:
         target_logits = target_logits.index_select(-1, draft_vocab_ids)

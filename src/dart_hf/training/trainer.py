@@ -50,7 +50,7 @@ class DartTrainingArguments:
         metadata={"help": "with --init_draft: first widen its MLP to this many units, computing the same logits "
                           "(new units start with zero output weights)"},
     )
-    gamma: float = field(default=0.6, metadata={"help": "loss weight decay per predicted position (SPEC: 0.6)"})
+    gamma: float = field(default=0.6, metadata={"help": "loss weight decay per predicted position (the paper's 0.6)"})
     anchors_per_sequence: int = field(
         default=32, metadata={"help": "mask blocks per sequence (sampled among response positions)"}
     )
