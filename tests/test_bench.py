@@ -17,7 +17,7 @@ def test_run_benchmark_summary_table_and_plot(tmp_path, monkeypatch):
         target, tokenizer, draft, ["set-a", "set-b"], prompts_per_set=2, max_new_tokens=16,
         methods=["vanilla", "prompt_lookup", "dart_chain", "dart_no_ngram", "dart_no_lookup", "dart"],
     )
-    assert set(summary) == {"set-a", "set-b", "overall", "machine"}
+    assert set(summary) == {"set-a", "set-b", "overall", "machine", "weights_beside_target"}
     assert summary["machine"]["dtype"] == "float32" and "near_ties" in summary["overall"]["dart"]
     overall = summary["overall"]
     assert overall["vanilla"]["speedup_total"] == 1.0 and overall["dart"]["prompts"] == 4
@@ -168,6 +168,11 @@ def test_the_peers_assisted_and_prompt_lookup_run_beside_dart_and_match_vanilla(
         assert overall[method]["prompts"] == 3 and overall[method]["greedy_mismatches"] == 0, method
         assert overall[method]["near_ties"]["identical"] == 3
     assert "assisted speedup (tau)" in bench.markdown_table(summary)
+    weights = summary["weights_beside_target"]
+    assert weights["vanilla"] == weights["prompt_lookup"] == 0
+    assert weights["assisted"] == sum(p.numel() * 4 for p in assistant.parameters())
+    assert 0 < weights["dart"] == sum(p.numel() * 4 for p in draft.parameters())
+    assert "Weights held beside the target's: assisted" in bench.markdown_table(summary)
     with pytest.raises(ValueError, match="needs an assistant model"):
         bench.run_benchmark(target, char_tokenizer(), draft, ["set-a"], 1, 8, methods=["vanilla", "assisted"])
 

@@ -223,9 +223,25 @@ def run_benchmark(
             for method in dart_methods:
                 per_method[method].add_alpha(hits, rows)
     summary = summarise(results, sampled=do_sample, near_ties=near_ties)
+    summary["weights_beside_target"] = {method: weights_beside_target(method, draft, assistant, copies.get(method))
+                                        for method in methods}
     dtype_name = str(target.dtype).removeprefix("torch.")
     summary["machine"] = {"device": device_description(target.device), "dtype": dtype_name}
     return summary
+
+
+def weights_beside_target(method: str, draft, assistant, copy) -> int:
+    """Bytes a method holds in memory besides the target's weights: the draft's weights and N-gram table (DART),
+    the assistant's weights (assisted decoding), a copy of the target in another dtype, or nothing."""
+    def parameter_bytes(model) -> int:
+        return sum(p.numel() * p.element_size() for p in model.parameters()) if model is not None else 0
+
+    if method.startswith("dart"):
+        table = draft.ngram
+        return parameter_bytes(draft) + (int(table.keys.nbytes + table.counts.nbytes) if table is not None else 0)
+    if method == "assisted":
+        return parameter_bytes(assistant)
+    return parameter_bytes(copy)
 
 
 def summarise(
@@ -344,15 +360,15 @@ def _merge(results: dict[str, dict[str, MethodResult]]) -> dict[str, MethodResul
 
 
 def result_sets(summary: dict) -> dict[str, dict]:
-    """The per-set (and overall) rows of a summary, without its `machine` entry."""
-    return {name: rows for name, rows in summary.items() if name != "machine"}
+    """The per-set (and overall) rows of a summary, without its `machine` and `weights_beside_target` entries."""
+    return {name: rows for name, rows in summary.items() if name not in ("machine", "weights_beside_target")}
 
 
 def markdown_table(summary: dict) -> str:
     """The summary as a markdown table: total-time speedup per set and method with its 95% bootstrap interval over
     the prompts (and over vanilla float32 where the run has it), for DART tau and the shares of plain-decoding and
     context-lookup steps; then the draft's alpha, the near-tie judgement of a low-precision run and the machine."""
-    machine = summary.get("machine")
+    machine, extra = summary.get("machine"), summary.get("weights_beside_target")
     summary = result_sets(summary)
     methods = list(next(iter(summary.values())))
     header = "| set | " + " | ".join(f"{m} speedup (tau)" for m in methods) + " |"
@@ -392,6 +408,10 @@ def markdown_table(summary: dict) -> str:
     if slow:
         lines += ["", f"Calls over {SLOW_CALL_FACTOR:g}x their method's median seconds per new token on the set (other "
                   f"work on the machine? rerun those sets): {', '.join(slow)}."]
+    weights = {method: size for method, size in (extra or {}).items() if size}
+    if weights:
+        lines += ["", "Weights held beside the target's: " + ", ".join(
+            f"{method} {size / 2**20:,.1f} MiB" for method, size in weights.items()) + "."]
     if machine:
         lines += ["", f"Machine: {machine['device']}; the target in {machine['dtype']}."]
     return "\n".join(lines)
