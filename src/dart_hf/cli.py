@@ -5,7 +5,8 @@
     dart-hf convert-trie   the reference implementation's `.trie` binary to a dart-hf table
     dart-hf self-distill   regenerate the responses of a prompt set with the target (training data)
     dart-hf train          train a draft (Trainer arguments; or one JSON / YAML config file)
-    dart-hf bench          DART against vanilla generate and prompt lookup on the packaged prompt sets
+    dart-hf bench          DART against vanilla generate and the peers on the packaged prompt sets
+    dart-hf export-vllm    a draft as the folder vLLM serves through the dart-hf-vllm plugin
 """
 
 from __future__ import annotations
@@ -140,6 +141,21 @@ def self_distill_command(args: argparse.Namespace) -> None:
     if args.max_minutes is not None and len(examples) < len(prompts):
         print(f"stopped at --max-minutes {args.max_minutes:g} with {len(prompts) - len(examples)} of {len(prompts)} "
               "prompts left: rerun the same command to go on")
+
+
+def export_vllm_command(args: argparse.Namespace) -> None:
+    """`dart-hf export-vllm`: a draft as the folder vLLM's parallel drafting serves through dart-hf-vllm."""
+    import torch
+
+    from .export_vllm import export_vllm
+    from .zoo import load_draft, load_target
+
+    target, _ = load_target(args.target, dtype=torch.float32)
+    draft = load_draft(args.draft, target)
+    output = export_vllm(draft, args.output)
+    print(f"wrote {output}: serve it with vLLM and the dart-hf-vllm plugin installed, speculative_config="
+          f'{{"method": "eagle3", "model": "{output}", "num_speculative_tokens": {draft.config.draft_length}, '
+          '"parallel_drafting": true}')
 
 
 def train_command(argv: list[str]) -> None:
@@ -365,10 +381,16 @@ def run_command(argv: list[str]) -> None:
     )
     distill.set_defaults(handler=self_distill_command)
 
+    export = commands.add_parser("export-vllm", help="write a draft as the folder vLLM serves (dart-hf-vllm plugin)")
+    export.add_argument("draft", help="DART draft: a shipped draft's name, folder or Hub repo")
+    export.add_argument("output", type=Path, help="the folder to write")
+    export.add_argument("--target", required=True, help="the draft's target (a zoo name, Hub id or folder)")
+    export.set_defaults(handler=export_vllm_command)
+
     commands.add_parser("train", help="train a draft; `dart-hf train --help` lists every argument", add_help=False)
     commands.add_parser("bench", help="benchmark DART against vanilla generate; `dart-hf bench --help`", add_help=False)
 
-    for subparser in (parser, run, build, convert, distill):
+    for subparser in (parser, run, build, convert, distill, export):
         short_usage(subparser)
     args = parser.parse_args(argv)
     args.handler(args)
