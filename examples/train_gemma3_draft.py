@@ -21,7 +21,6 @@ tokens in bfloat16 (2.1x the tokens per second of float32 on an AVX512-BF16 CPU;
 every token with its own distributions during training).
 """
 
-import argparse
 import json
 import random
 from pathlib import Path
@@ -34,6 +33,7 @@ from dart_hf.training.recipe import (
     build_ngram_table,
     held_out_alphas,
     interleaved_prompt_file,
+    recipe_parser,
     self_distill_sitting,
     split_held_out,
     train_sitting,
@@ -186,16 +186,8 @@ def write_model_card(result_files: list[Path]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--prompts", type=int, default=1400, help="how many prompts the data may use")
-    parser.add_argument("--distill-minutes", type=float, default=0, help="self-distil for this long first (resumable)")
-    parser.add_argument("--max-steps", type=int, default=0, help="train for this many steps (0: no training)")
-    parser.add_argument("--eval-steps", type=int, default=100, help="evaluate and checkpoint this often")
-    parser.add_argument("--draft-vocab-size", type=int, default=16384)
-    parser.add_argument("--resume", default=None, help="continue training from this checkpoint folder")
-    parser.add_argument("--output", default="drafts/gemma3-270m")
+    parser = recipe_parser(__doc__, prompts=1400, eval_steps=100, draft_vocab_size=16384, output="drafts/gemma3-270m")
     parser.add_argument("--ngram", type=Path, default=None, help="only build the N-gram table into this folder")
-    parser.add_argument("--alphas", default=None, help="only report this draft's held-out alpha_1..8")
     parser.add_argument("--export", type=Path, default=None, help="ship this checkpoint (bfloat16) in the package")
     parser.add_argument("--card", type=Path, nargs="+", default=None,
                         help="write the model card from these `bench_sliding_window.py --untrained-too` results")

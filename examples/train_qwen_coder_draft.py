@@ -17,7 +17,6 @@ MBPP ask), open-ended chat, and maths. The target answers each greedily in bfloa
 here; the float32 or bfloat16 target labels every token with its own distributions during training).
 """
 
-import argparse
 import json
 import random
 from pathlib import Path
@@ -27,6 +26,7 @@ from dart_hf.training.recipe import (
     build_ngram_table,
     held_out_alphas,
     interleaved_prompt_file,
+    recipe_parser,
     self_distill_sitting,
     split_held_out,
     train_sitting,
@@ -75,16 +75,9 @@ def train(output: str, max_steps: int, eval_steps: int, draft_vocab_size: int, r
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--prompts", type=int, default=1600, help="how many prompts the data may use")
-    parser.add_argument("--distill-minutes", type=float, default=0, help="self-distil for this long first (resumable)")
+    parser = recipe_parser(__doc__, prompts=1600, eval_steps=60, draft_vocab_size=32768,
+                           output="drafts/qwen-coder-1.5b")
     parser.add_argument("--batch-size", type=int, default=16, help="self-distillation batch")
-    parser.add_argument("--max-steps", type=int, default=0, help="train for this many steps (0: no training)")
-    parser.add_argument("--eval-steps", type=int, default=60, help="evaluate and checkpoint this often")
-    parser.add_argument("--draft-vocab-size", type=int, default=32768)
-    parser.add_argument("--resume", default=None, help="continue training from this checkpoint folder")
-    parser.add_argument("--output", default="drafts/qwen-coder-1.5b")
-    parser.add_argument("--alphas", default=None, help="only report this draft's held-out alpha_1..8")
     args = parser.parse_args()
     if args.alphas:
         return print(json.dumps(held_out_alphas(TARGET, args.alphas, DATA / "heldout.jsonl", MAX_LENGTH), indent=2))

@@ -3,6 +3,7 @@ self-distillation in bounded sittings, a held-out split, the draft's N-gram tabl
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -12,6 +13,21 @@ from pathlib import Path
 import torch
 
 from ..files import extend_lines
+
+
+def recipe_parser(description: str, prompts: int, eval_steps: int, draft_vocab_size: int, output: str):
+    """The arguments every recipe takes (how many prompts, a self-distillation sitting, training steps and where
+    they go, resuming, the held-out alphas of a draft), with the recipe's defaults; a recipe adds its own."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", type=int, default=prompts, help="how many prompts the data may use")
+    parser.add_argument("--distill-minutes", type=float, default=0, help="self-distil for this long first (resumable)")
+    parser.add_argument("--max-steps", type=int, default=0, help="train for this many steps (0: no training)")
+    parser.add_argument("--eval-steps", type=int, default=eval_steps, help="evaluate and checkpoint this often")
+    parser.add_argument("--draft-vocab-size", type=int, default=draft_vocab_size)
+    parser.add_argument("--resume", default=None, help="continue training from this checkpoint folder")
+    parser.add_argument("--output", default=output)
+    parser.add_argument("--alphas", default=None, help="only report this draft's held-out alpha_1..8")
+    return parser
 
 
 def interleaved_prompt_file(path: Path, pools: dict[str, list[str]], mix: dict[str, int], count: int) -> Path:
