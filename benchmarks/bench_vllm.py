@@ -4,7 +4,8 @@ Runs in vLLM's environment (it imports neither dart-hf nor dart-hf's Transformer
 (each engine core in its own process) and every round sends the same prompts to each in turn, the order rotating
 per round, so that drift on the machine hits them alike. At concurrency c the prompts go in groups of c requests
 that vLLM batches; throughput is generated tokens per second of wall time. Acceptance comes from vLLM's own
-counters: mean accepted tokens per drafting step, and per drafted position.
+counters: mean accepted tokens per drafting step, and per drafted position, each speculative method measured in a
+process of its own afterwards (the counters are process-wide).
 
     python -c "from dart_hf.prompts import load_prompts; import json; print('\\n'.join(json.dumps(p) for s in \\
         ('mt-bench', 'humaneval', 'gsm8k', 'alpaca-eval') for p in load_prompts(s, 4)))" > prompts.jsonl  # dart-hf's env
@@ -17,14 +18,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import time
 from pathlib import Path
 
 
-def counters(llm) -> dict:
-    """vLLM's cumulative speculative-decoding counters."""
-    return {m.name: getattr(m, "values", None) or getattr(m, "value", None) for m in llm.get_metrics()
-            if "spec_decode" in m.name}
+def acceptance(target: str, speculative: dict, chats: list, params_kwargs: dict, dtype: str) -> dict:
+    """Mean accepted tokens per drafting step and the acceptance rate per drafted position of one speculative
+    method over `chats` (one request at a time), from vLLM's counters. Run in a process of its own: the counters
+    are process-wide, so engines living side by side would add up theirs."""
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(target, speculative_config=speculative, enforce_eager=True, max_model_len=2048, dtype=dtype,
+              disable_log_stats=False, max_num_seqs=1, seed=0)
+    for chat in chats:
+        llm.chat([chat], SamplingParams(**params_kwargs), use_tqdm=False)
+    counters = {m.name: getattr(m, "values", None) or getattr(m, "value", None) for m in llm.get_metrics()
+                if "spec_decode" in m.name}
+    drafts = max(counters["vllm:spec_decode_num_drafts"], 1)
+    return {"mean_accepted_per_step": counters["vllm:spec_decode_num_accepted_tokens"] / drafts,
+            "acceptance_per_position": [a / drafts for a in counters["vllm:spec_decode_num_accepted_tokens_per_pos"]]}
 
 
 def main() -> None:
@@ -36,12 +49,15 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--num-speculative-tokens", type=int, default=None,
+                        help="tokens drafted per step, for n-gram and DART alike (default: the draft's length)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/vllm_bench.json"))
     args = parser.parse_args()
 
     from vllm import LLM, SamplingParams
 
     draft_length = json.loads((Path(args.draft) / "config.json").read_text())["dart_draft_length"]
+    draft_length = args.num_speculative_tokens or draft_length
     speculative = {
         "vllm": None,
         "vllm_ngram": {"method": "ngram", "num_speculative_tokens": draft_length, "prompt_lookup_max": 4,
@@ -54,13 +70,13 @@ def main() -> None:
                for name, spec in speculative.items()}
     prompts = [json.loads(line) for line in args.prompts.read_text().split("\n") if line.strip()]
     chats = [[{"role": "user", "content": prompt}] for prompt in prompts]
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_new_tokens)
+    params_kwargs = {"temperature": 0.0, "max_tokens": args.max_new_tokens}
+    params = SamplingParams(**params_kwargs)
     for llm in engines.values():  # untimed warm-up
         llm.chat(chats[:1], params, use_tqdm=False)
     results, outputs = {}, {}
     for concurrency in args.concurrency:
         seconds, tokens = dict.fromkeys(engines, 0.0), dict.fromkeys(engines, 0)
-        before = {name: counters(llm) for name, llm in engines.items()}
         for round_index in range(args.rounds):
             names = list(engines)
             names = names[round_index % len(names):] + names[: round_index % len(names)]
@@ -73,32 +89,30 @@ def main() -> None:
                     outputs.setdefault(name, {}).update(
                         {start + i: list(r.outputs[0].token_ids) for i, r in enumerate(done)})
         row = {}
-        for name, llm in engines.items():
-            after = counters(llm)
-            entry = {"tokens_per_second": tokens[name] / seconds[name], "seconds": seconds[name], "tokens": tokens[name]}
-            if speculative[name]:
-                drafts = after["vllm:spec_decode_num_drafts"] - before[name]["vllm:spec_decode_num_drafts"]
-                accepted = after["vllm:spec_decode_num_accepted_tokens"] - before[name]["vllm:spec_decode_num_accepted_tokens"]
-                per_position = [a - b for a, b in zip(after["vllm:spec_decode_num_accepted_tokens_per_pos"],
-                                                       before[name]["vllm:spec_decode_num_accepted_tokens_per_pos"])]
-                entry.update(mean_accepted_per_step=accepted / max(drafts, 1),
-                             acceptance_per_position=[a / max(drafts, 1) for a in per_position])
-            entry["speedup"] = entry["tokens_per_second"] / (tokens["vllm"] / seconds["vllm"])
-            row[name] = entry
+        for name in engines:
+            rate = tokens[name] / seconds[name]
+            row[name] = {"tokens_per_second": rate, "seconds": seconds[name], "tokens": tokens[name],
+                         "speedup": rate / (tokens["vllm"] / seconds["vllm"])}
         results[str(concurrency)] = row
         print(f"concurrency {concurrency}: " + ", ".join(
-            f"{name} {entry['tokens_per_second']:.1f} tok/s ({entry['speedup']:.2f}x"
-            + (f", {entry['mean_accepted_per_step']:.2f} accepted/step" if "mean_accepted_per_step" in entry else "")
-            + ")" for name, entry in row.items()))
+            f"{name} {entry['tokens_per_second']:.1f} tok/s ({entry['speedup']:.2f}x)" for name, entry in row.items()))
     identical = sum(outputs["vllm_dart"][i] == outputs["vllm"][i] for i in outputs["vllm"])
+    del engines
+    context = multiprocessing.get_context("spawn")
+    accepted = {}
+    for name in ("vllm_ngram", "vllm_dart"):
+        with context.Pool(1) as pool:
+            accepted[name] = pool.apply(acceptance, (args.target, speculative[name], chats, params_kwargs, args.dtype))
+        print(f"{name}: {accepted[name]}")
     summary = {"target": args.target, "draft": args.draft, "dtype": args.dtype, "prompts": len(prompts),
-               "max_new_tokens": args.max_new_tokens, "rounds": args.rounds, "results": results,
+               "max_new_tokens": args.max_new_tokens, "num_speculative_tokens": draft_length,
+               "rounds": args.rounds, "throughput": results, "acceptance": accepted,
                "dart_outputs_identical_to_vllm": f"{identical}/{len(outputs['vllm'])}"}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     temporary = args.out.with_name(args.out.name + ".tmp")
     temporary.write_text(json.dumps(summary, indent=2) + "\n")
     temporary.replace(args.out)
-    print(json.dumps(summary["results"], indent=1), summary["dart_outputs_identical_to_vllm"])
+    print(json.dumps(summary["throughput"], indent=1), summary["dart_outputs_identical_to_vllm"])
 
 
 if __name__ == "__main__":
