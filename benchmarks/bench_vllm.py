@@ -19,14 +19,17 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import time
 from pathlib import Path
 
 
-def acceptance(target: str, speculative: dict, chats: list, params_kwargs: dict, dtype: str) -> dict:
-    """Mean accepted tokens per drafting step and the acceptance rate per drafted position of one speculative
-    method over `chats` (one request at a time), from vLLM's counters. Run in a process of its own: the counters
-    are process-wide, so engines living side by side would add up theirs."""
+def acceptance(queue, target: str, speculative: dict, chats: list, params_kwargs: dict, dtype: str) -> None:
+    """Put on `queue` the mean accepted tokens per drafting step and the acceptance rate per drafted position of
+    one speculative method over `chats` (one request at a time), from vLLM's counters. Run in a process of its own
+    (the counters are process-wide, so engines living side by side would add up theirs), with the engine core in
+    that process."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM, SamplingParams
 
     llm = LLM(target, speculative_config=speculative, enforce_eager=True, max_model_len=2048, dtype=dtype,
@@ -36,8 +39,8 @@ def acceptance(target: str, speculative: dict, chats: list, params_kwargs: dict,
     counters = {m.name: getattr(m, "values", None) or getattr(m, "value", None) for m in llm.get_metrics()
                 if "spec_decode" in m.name}
     drafts = max(counters["vllm:spec_decode_num_drafts"], 1)
-    return {"mean_accepted_per_step": counters["vllm:spec_decode_num_accepted_tokens"] / drafts,
-            "acceptance_per_position": [a / drafts for a in counters["vllm:spec_decode_num_accepted_tokens_per_pos"]]}
+    queue.put({"mean_accepted_per_step": counters["vllm:spec_decode_num_accepted_tokens"] / drafts,
+               "acceptance_per_position": [a / drafts for a in counters["vllm:spec_decode_num_accepted_tokens_per_pos"]]})
 
 
 def main() -> None:
@@ -101,8 +104,12 @@ def main() -> None:
     context = multiprocessing.get_context("spawn")
     accepted = {}
     for name in ("vllm_ngram", "vllm_dart"):
-        with context.Pool(1) as pool:
-            accepted[name] = pool.apply(acceptance, (args.target, speculative[name], chats, params_kwargs, args.dtype))
+        queue = context.Queue()
+        process = context.Process(target=acceptance,
+                                  args=(queue, args.target, speculative[name], chats, params_kwargs, args.dtype))
+        process.start()
+        accepted[name] = queue.get()
+        process.join()
         print(f"{name}: {accepted[name]}")
     summary = {"target": args.target, "draft": args.draft, "dtype": args.dtype, "prompts": len(prompts),
                "max_new_tokens": args.max_new_tokens, "num_speculative_tokens": draft_length,
