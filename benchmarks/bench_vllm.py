@@ -39,8 +39,9 @@ def acceptance(queue, target: str, speculative: dict, chats: list, params_kwargs
     counters = {m.name: getattr(m, "values", None) or getattr(m, "value", None) for m in llm.get_metrics()
                 if "spec_decode" in m.name}
     drafts = max(counters["vllm:spec_decode_num_drafts"], 1)
+    per_position = counters["vllm:spec_decode_num_accepted_tokens_per_pos"]
     queue.put({"mean_accepted_per_step": counters["vllm:spec_decode_num_accepted_tokens"] / drafts,
-               "acceptance_per_position": [a / drafts for a in counters["vllm:spec_decode_num_accepted_tokens_per_pos"]]})
+               "acceptance_per_position": [accepted / drafts for accepted in per_position]})
 
 
 def main() -> None:
