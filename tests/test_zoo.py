@@ -196,3 +196,25 @@ def test_shipped_draft_on_gemma3_is_lossless_and_accepts_more_than_an_untrained_
             taus[name].append(draft.stats.tau)
     shipped_tau, untrained_tau = (sum(values) / len(values) for values in taus.values())
     assert shipped_tau > 1.2 and shipped_tau > untrained_tau + 0.15, taus
+
+
+@needs_zoo_extras
+def test_the_shipped_drafts_export_for_vllm(tmp_path):
+    """Both shipped drafts write the folder vLLM loads: their feature layers as vLLM's auxiliary layer ids, their
+    reduced vocabularies' d2t, single final norm (serving checked in vLLM for SmolLM2: integrations/vllm/tests)."""
+    import json
+
+    from safetensors import safe_open
+
+    from dart_hf.export_vllm import export_vllm
+
+    for target_name, draft_name in (("smollm2-135m-instruct", "smollm2-135m-instruct-dart"),
+                                    ("gemma3-270m", "gemma3-270m-dart")):
+        target, _ = load_target(target_name, dtype=torch.float32)
+        draft = load_draft(draft_name, target)
+        export_vllm(draft, tmp_path / draft_name)
+        config = json.loads((tmp_path / draft_name / "config.json").read_text())
+        assert config["eagle_aux_hidden_state_layer_ids"] == draft.config.feature_layers
+        assert config["draft_vocab_size"] < config["vocab_size"] and not config["dart_double_final_norm"]
+        with safe_open(str(tmp_path / draft_name / "model.safetensors"), "pt") as weights:
+            assert torch.equal(weights.get_tensor("d2t"), draft.d2t)
