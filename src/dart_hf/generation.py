@@ -188,8 +188,13 @@ def _decode(
 
     pad_prefix, input_ids = _strip_left_padding(input_ids, model_kwargs.get("attention_mask"))
     check_prompt_not_empty(input_ids)
+    def with_padding() -> torch.Tensor:
+        """The sequence as vanilla `generate` holds it `[1, P + S]`: what processors, criteria and the caller see
+        (min_new_tokens and the like count from the padded prompt; penalties read the pad ids)."""
+        return torch.cat([pad_prefix, input_ids], dim=-1) if pad_prefix.shape[1] else input_ids
+
     if streamer is not None and forward_streamer:
-        streamer.put(torch.cat([pad_prefix, input_ids], dim=-1).cpu())
+        streamer.put(with_padding().cpu())
     stats = DartStats()
     draft.stats = stats
     clock = device_clock(model.device)  # on an accelerator, waits for the device before each reading
@@ -209,7 +214,7 @@ def _decode(
             raw_logits.append(token_logits)
         if streamer is not None:
             streamer.put(input_ids.new_tensor([token]).cpu())
-        return bool(stopping_criteria(torch.cat([pad_prefix, input_ids], dim=-1), None).all())
+        return bool(stopping_criteria(with_padding(), None).all())
 
     # only the last position's logits are used: skip the output layer elsewhere (a prompt's worth at prefill)
     last_logits_only = {"logits_to_keep": 1} if takes_logits_to_keep(model) else {}
@@ -224,7 +229,7 @@ def _decode(
         )
         token_logits = outputs.logits[:, -1].to(dtype=torch.float32, copy=True)
         forward_seconds = clock() - tick
-        token_scores = logits_processor(torch.cat([pad_prefix, input_ids], dim=-1), token_logits)
+        token_scores = logits_processor(with_padding(), token_logits)
         token = choose_token(token_scores[0], generation_config.do_sample)
         return step_features, commit(token, token_scores, token_logits), forward_seconds
 
@@ -248,10 +253,7 @@ def _decode(
         weight_major = controller is not None and controller.costs.weight_major(rows)  # the faster layout there
         tree_logits, tree_features = forward_tree(model, tree, cache, feature_layers, rows, weight_major)
         forward_done = clock()
-        # the processors see the left padding too, as vanilla's do (min_new_tokens, begin_suppress_tokens, ...
-        # count from the padded prompt's length; no_repeat_ngram_size and penalties read the pad ids)
-        history = torch.cat([pad_prefix, input_ids], dim=-1)
-        acceptance = accept(tree, tree_logits, history, logits_processor, generation_config.do_sample)
+        acceptance = accept(tree, tree_logits, with_padding(), logits_processor, generation_config.do_sample)
         compact_cache(cache, past_len, acceptance.path)
         accept_seconds = clock() - forward_done
         waiting.append(tree_features[acceptance.path].unsqueeze(0))
@@ -333,7 +335,7 @@ def _decode(
 
     if streamer is not None:
         streamer.end()
-    sequences = torch.cat([pad_prefix, input_ids], dim=-1)
+    sequences = with_padding()
     if generation_config.return_dict_in_generate:
         return GenerateDecoderOnlyOutput(
             sequences=sequences,
