@@ -1,19 +1,17 @@
-"""Shared by the benchmark scripts: print the results and write them as JSON when asked, the interleaved
-side-by-side run of several DART drafts against vanilla `generate`, vanilla's outputs that the replays read, and
-the replays' table of tree settings."""
+"""Shared by the benchmark scripts: print the results and write them as JSON when asked, vanilla's outputs that the
+replays read, and the replays' table of tree settings. (Interleaved side-by-side runs go through one harness,
+`dart_hf.bench.run_benchmark`, with DART arms for drafts or option sets.)"""
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from dart_hf.bench import BENCHMARK_SETS, bootstrap_interval, chat_inputs, speedup
+from dart_hf.bench import BENCHMARK_SETS, chat_inputs
 from dart_hf.files import write_atomically
 from dart_hf.prompts import load_prompts
-from dart_hf.training.trainer import greedy_agreement
 
 
 def report(results: dict, out: Path | None) -> None:
@@ -21,102 +19,6 @@ def report(results: dict, out: Path | None) -> None:
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(out, lambda temporary: Path(temporary).write_text(json.dumps(results, indent=2) + "\n"))
-
-
-def interleaved_speedups(
-    target,
-    tokenizer,
-    drafts: dict,
-    prompts_per_set: int,
-    max_new_tokens: int = 32,
-    sets: list[str] | None = None,
-    do_sample: bool = False,
-    tree_options: dict[str, dict] | None = None,
-) -> dict:
-    """Vanilla greedy `generate` and each draft of `drafts` (name -> bound `DartDraftModel`, each with its own
-    controller state) over the benchmark sets, interleaved prompt by prompt with the order reversed on every other
-    prompt, after an untimed warm-up; every DART output is checked against vanilla's (in float32 it must be vanilla's
-    token for token; in a lower precision, where vanilla itself flips at near-ties, the identical ones are counted
-    as `identical`). Prints and returns, per set
-    and overall, each draft's total-time speedup over vanilla, tau, share of plain steps and alpha_1 (untimed:
-    its teacher-forced agreement with vanilla's greedy output at the first drafted position); the speedups are per
-    new token, with their 95% bootstrap intervals over the prompts (`dart_hf.bench`). sets: the benchmark
-    sets to run, in the bench's order (default all). do_sample: T=1 sampling instead, every run seeded with
-    `torch.manual_seed(0)` as the bench does; no output check and no alpha_1 (outputs differ by design).
-    tree_options: per draft name, the `tree_options` its calls pass (an option set per arm)."""
-    options = {"max_new_tokens": max_new_tokens, "do_sample": do_sample}
-    arm_options = tree_options or {}
-    runs = {
-        "vanilla": lambda inputs: target.generate(**inputs, **options),
-        **{name: (lambda inputs, d=draft, o=arm_options.get(name): target.generate(
-            **inputs, **options, assistant_model=d, tree_options=o))
-           for name, draft in drafts.items()},
-    }
-    for run in runs.values():
-        run(chat_inputs(tokenizer, "Say hello."))  # untimed warm-up (and the one-time calibration)
-    for draft in drafts.values():
-        draft.controller_state.reset()  # the warm-up's evidence is not the benchmark text's
-
-    results, all_seconds, all_tokens = {}, {name: [] for name in runs}, {name: [] for name in runs}
-    all_hits, all_rows = dict.fromkeys(drafts, 0), dict.fromkeys(drafts, 0)
-    for prompt_set in [name for name in BENCHMARK_SETS if sets is None or name in sets]:
-        seconds, tokens = {name: [] for name in runs}, {name: [] for name in runs}
-        plain, steps, committed, verified, hits, rows, identical = (dict.fromkeys(drafts, 0) for _ in range(7))
-        for index, prompt in enumerate(load_prompts(prompt_set, prompts_per_set)):
-            inputs = chat_inputs(tokenizer, prompt)
-            outputs = {}
-            for name in list(runs) if index % 2 == 0 else list(runs)[::-1]:
-                if do_sample:
-                    torch.manual_seed(0)
-                start = time.perf_counter()
-                outputs[name] = runs[name](inputs)
-                seconds[name].append(time.perf_counter() - start)
-                tokens[name].append(outputs[name].shape[1] - inputs["input_ids"].shape[1])
-                if name in drafts:
-                    stats = drafts[name].stats
-                    plain[name] += stats.plain_steps
-                    steps[name] += stats.plain_steps + stats.verify_steps
-                    committed[name] += sum(stats.accepted_lengths)
-                    verified[name] += stats.verify_steps
-            prompt_length = inputs["input_ids"].shape[1]
-            for name, draft in drafts.items() if not do_sample else ():
-                same = torch.equal(outputs[name], outputs["vanilla"])
-                assert same or target.dtype != torch.float32, f"{name} differs from vanilla on {prompt!r}"
-                identical[name] += same
-                depth_hits, depth_rows = greedy_agreement(draft, target, outputs["vanilla"], prompt_length)
-                hits[name] += int(depth_hits[0])
-                rows[name] += int(depth_rows[0])
-        for name in runs:
-            all_seconds[name] += seconds[name]
-            all_tokens[name] += tokens[name]
-        for name in drafts:
-            all_hits[name] += hits[name]
-            all_rows[name] += rows[name]
-        results[prompt_set] = {
-            name: {**_speedups(seconds, tokens, name), "tau": committed[name] / max(verified[name], 1),
-                   "plain": plain[name] / max(steps[name], 1), "alpha_1": hits[name] / max(rows[name], 1),
-                   "identical": identical[name]}
-            for name in drafts
-        }
-        print(prompt_set, "  ".join(
-            f"{name} {r['speedup']:.3f}x [{r['ci95'][0]:.2f}-{r['ci95'][1]:.2f}] (tau {r['tau']:.2f}, "
-            f"{r['plain']:.0%} plain, alpha_1 {r['alpha_1']:.1%})"
-            for name, r in results[prompt_set].items()), flush=True)
-    results["overall"] = {
-        name: {**_speedups(all_seconds, all_tokens, name), "alpha_1": all_hits[name] / max(all_rows[name], 1)}
-        for name in drafts
-    }
-    print("overall", "  ".join(
-        f"{name} {r['speedup']:.3f}x [{r['ci95'][0]:.2f}-{r['ci95'][1]:.2f}] (alpha_1 {r['alpha_1']:.1%})"
-        for name, r in results["overall"].items()))
-    return results
-
-
-def _speedups(seconds: dict[str, list[float]], tokens: dict[str, list[int]], name: str) -> dict:
-    """`name`'s speedup per new token over vanilla and its 95% bootstrap interval, from per-prompt seconds and
-    new tokens."""
-    runs = (seconds["vanilla"], seconds[name], tokens["vanilla"], tokens[name])
-    return {"speedup": float(speedup(*runs)), "ci95": bootstrap_interval(*runs)}
 
 
 def vanilla_outputs(

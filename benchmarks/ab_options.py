@@ -3,9 +3,10 @@ side with vanilla `generate`.
 
 Each arm is a `name=JSON` pair (the `tree_options` its calls pass, `{}` for the defaults) and runs its own copy of
 the draft, so each keeps its own controller state (calibrations and evidence). All arms and vanilla run
-interleaved prompt by prompt over the benchmark sets (the order reversed on every other prompt) after an untimed
-warm-up; every greedy output is checked against vanilla's. Prints, per set and overall, each arm's total-time
-speedup over vanilla with its 95% bootstrap interval, tau and the share of plain steps.
+interleaved prompt by prompt over the benchmark sets (`dart_hf.bench.run_benchmark` with arms: the order
+reversed on every other prompt, after an untimed warm-up); every greedy output is checked against vanilla's.
+Prints the benchmark's table: per set and overall, each arm's speedup over vanilla with its 95% bootstrap
+interval, tau, the share of plain steps and the draft's agreement.
 
     python benchmarks/ab_options.py --prompts-per-set 10 defaults='{}' no_lookup='{"lookup_length": 0}'
     python benchmarks/ab_options.py --dtype bfloat16 --max-new-tokens 128 --prompts-per-set 5 adaptive='{}' \
@@ -17,8 +18,9 @@ import json
 from pathlib import Path
 
 import torch
-from _common import interleaved_speedups, report
+from _common import report
 
+from dart_hf.bench import BENCHMARK_SETS, markdown_table, run_benchmark
 from dart_hf.zoo import load_draft, load_target
 
 
@@ -43,11 +45,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="write the results here as JSON")
     args = parser.parse_args()
     target, tokenizer = load_target("smollm2-135m-instruct", dtype=getattr(torch, args.dtype))
-    arms = dict(args.arms)
-    drafts = {name: load_draft(args.draft, target) for name in arms}
-    results = interleaved_speedups(
-        target, tokenizer, drafts, args.prompts_per_set, args.max_new_tokens, args.sets, args.sample, arms
-    )
+    arms = {name: (load_draft(args.draft, target), options) for name, options in args.arms}
+    sets = [name for name in BENCHMARK_SETS if args.sets is None or name in args.sets]
+    results = run_benchmark(target, tokenizer, None, sets, args.prompts_per_set, args.max_new_tokens,
+                            do_sample=args.sample, methods=["vanilla"], arms=arms)
+    print(markdown_table(results))
     report(results, args.out)
 
 

@@ -2,8 +2,8 @@
 
 Greedy DART commits exactly vanilla's tokens, so which step the loop takes and how many tokens each step commits
 can be replayed without the target: a drafted tree's acceptance is read from the draft's teacher-forced logits
-(`tree_replay.level_logits`), a context-lookup chain's from the text itself. The real `AdaptiveBudget`,
-`LookupTracker` and `find_continuations` make every decision; the time of each step comes from the cached
+(`tree_replay.level_logits`), a context-lookup chain's from the text itself. The decode loop's own
+`StepPlanner` makes every decision; the time of each step comes from the cached
 forward costs f(n) plus a fixed overhead per kind of step, and the controller is fed those same modelled
 times. Prints the modelled speed over plain decoding per set for each controller variant, with the share of
 plain, lookup and tree steps and the mean tree budget.
@@ -24,13 +24,15 @@ import numpy as np
 import torch
 from tree_replay import TARGET, level_logits, matching_path
 
-from dart_hf.budget import AdaptiveBudget, ForwardTimings, LookupEvidence, calibrate_forward_costs
-from dart_hf.generation import build_tree_policy
-from dart_hf.lookup import LookupTracker, find_continuations
+from dart_hf.budget import AdaptiveBudget
+from dart_hf.controller_state import ForwardTimings, LookupEvidence
+from dart_hf.costs import calibrate_forward_costs
+from dart_hf.generation import draft_tree_policy
+from dart_hf.planner import StepPlanner
 from dart_hf.zoo import load_draft, load_target
 
 
-class FixedBudget(AdaptiveBudget):
+class FixedTreeBudget(AdaptiveBudget):
     """Always the same tree budget (context lookup still decided as usual)."""
 
     fixed = 2
@@ -61,7 +63,7 @@ class RareExplore(AdaptiveBudget):
         self.explore_every = 64
 
 
-class FixedBudget1(FixedBudget):
+class FixedTreeBudget1(FixedTreeBudget):
     fixed = 1
 
 
@@ -81,54 +83,42 @@ class ExploreWhileThin(AdaptiveBudget):
         return larger if sum(record.budget >= larger for record in self.history) < self.thin else budget
 
 
-VARIANTS = {"controller": AdaptiveBudget, "fixed budget 2": FixedBudget, "fixed budget 1": FixedBudget1,
+VARIANTS = {"controller": AdaptiveBudget, "fixed budget 2": FixedTreeBudget, "fixed budget 1": FixedTreeBudget1,
             "explore while thin": ExploreWhileThin, "pessimistic z=1": Pessimistic,
             "pessimistic z=2": Pessimistic2, "explore every 64": RareExplore}
 
 
-def replay_prompt(prompt_length, sequence, trees, controller, costs, overheads, lookup_length=10, max_match=3):
-    """Time (modelled seconds) and step counts of greedy DART over one output. trees: {anchor j: (Tree at the
+def replay_prompt(prompt_length, sequence, trees, planner, costs, overheads):
+    """Time (modelled seconds) and step counts of greedy DART over one output, every step decided by `planner` (a
+    `StepPlanner`, as the decode loop's) and its outcome read from the text. trees: {anchor j: (Tree at the
     largest budget, list of path nodes that spell the continuation)}; the step whose last committed token is at
     position c uses anchor c - 2."""
     seconds, kinds, budgets = 0.0, Counter(), []
-    lookups = LookupTracker()
     context_array = np.array(sequence)
     committed = prompt_length + 1  # the prefill commits the first output token
     while committed < len(sequence):
-        context = context_array[:committed]
-        for kind, matched in lookups.resolve(context):
-            controller.lookup.record(kind, matched)
-        candidates = find_continuations(context, max_match, lookup_length)
-        for kind, continuation in candidates:
-            lookups.propose(context, kind, continuation)
-        room = max(len(sequence) - committed - 1, 0)
-        chosen, length = controller.lookup_choice([(kind, min(c.size, room)) for kind, c in candidates])
-        if length:
-            chain = candidates[chosen][1][:length]
-            truth = context_array[committed : committed + length]
-            matched = int(np.cumprod(chain[: truth.size] == truth).sum())
-            forward = costs(length + 1)
+        step = planner.next_step(context_array[:committed], room=max(len(sequence) - committed - 1, 0))
+        kinds[step.kind] += 1
+        if step.kind == "lookup":
+            truth = context_array[committed : committed + step.budget]
+            matched = int(np.cumprod(step.chain[: truth.size] == truth).sum())
+            forward = costs(step.budget + 1)
             seconds += forward + overheads["lookup"]
-            controller.record_lookup_step(overheads["lookup"], length + 1, forward)
+            planner.record_lookup(step, overheads["lookup"], forward)
             committed += matched + 1
-            kinds["lookup"] += 1
-            continue
-        budget = controller.next_budget()
-        if budget == 0:
+        elif step.kind == "plain":
             seconds += costs(1) + overheads["plain"]
-            controller.record_plain_step(costs(1))
+            planner.record_plain(step, costs(1))
             committed += 1
-            kinds["plain"] += 1
-            continue
-        tree, path = trees[committed - 2]
-        ranks = tree.ranks.tolist()
-        kept_path = [node for node in path if ranks[node] <= budget]  # ranks grow along a path
-        forward = costs(budget + 1)
-        seconds += forward + overheads["tree"]
-        controller.record_step(tree, kept_path, budget, overheads["tree"], forward)
-        committed += len(kept_path)
-        kinds["tree"] += 1
-        budgets.append(budget)
+        else:
+            tree, path = trees[committed - 2]
+            ranks = tree.ranks.tolist()
+            kept_path = [node for node in path if ranks[node] <= step.budget]  # ranks grow along a path
+            forward = costs(step.budget + 1)
+            seconds += forward + overheads["tree"]
+            planner.record_tree(step, tree, kept_path, overheads["tree"], forward)
+            committed += len(kept_path)
+            budgets.append(step.budget)
     return seconds, kinds, budgets
 
 
@@ -146,7 +136,7 @@ def main() -> None:
     target, _ = load_target(TARGET, dtype=torch.float32)
     draft = load_draft(args.draft, target)
     draft.eval()
-    policy = build_tree_policy(draft)
+    policy = draft_tree_policy(draft)
     max_budget = draft.config.tree_budget
     costs = calibrate_forward_costs(target, list(draft.config.feature_layers), max_budget + 1)
     overheads = {"tree": args.tree_overhead_ms / 1000, "lookup": args.lookup_overhead_ms / 1000,
@@ -173,7 +163,8 @@ def main() -> None:
         for name, prompt_length, sequence, trees in prompts:
             controller = controller_class(costs, max_budget, history, lookup=lookup, timings=timings,
                                           plain_run=plain_run)
-            seconds, kinds, budgets = replay_prompt(prompt_length, sequence, trees, controller, costs, overheads)
+            planner = StepPlanner(controller, draft.config.tree_lookup_length, draft.config.tree_lookup_max_match)
+            seconds, kinds, budgets = replay_prompt(prompt_length, sequence, trees, planner, costs, overheads)
             plain_run = controller.plain_run
             entry = per_set.setdefault(name, {"seconds": 0.0, "tokens": 0, "kinds": Counter(), "budgets": []})
             entry["seconds"] += seconds

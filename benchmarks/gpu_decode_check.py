@@ -23,7 +23,8 @@ from _common import report
 from transformers import AutoModelForCausalLM, Qwen3Config
 
 import dart_hf.generation
-from dart_hf.budget import ForwardTimings, calibration_key
+from dart_hf.controller_state import ForwardTimings
+from dart_hf.costs import calibration_key
 from dart_hf import DartDraftModel, hardware
 from dart_hf.near_ties import NearTieReport, describe
 

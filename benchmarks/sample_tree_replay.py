@@ -26,8 +26,9 @@ import torch
 from transformers import DynamicCache, GenerationConfig
 
 from _common import report, settings_table, tree_replay_parser, vanilla_outputs
-from dart_hf.budget import CANDIDATE_BUDGETS, calibrate_forward_costs
-from dart_hf.generation import build_tree_policy, sampled_chain_policy
+from dart_hf.costs import CANDIDATE_BUDGETS, calibrate_forward_costs
+from dart_hf.generation import draft_tree_policy, sampled_chain_policy
+from dart_hf.options import DecodingOptions
 from dart_hf.tree import Tree
 from dart_hf.verify import forward_tree
 from dart_hf.zoo import load_draft, load_target
@@ -151,7 +152,7 @@ def main() -> None:
         options = {"budget": args.max_budget, **setting}
         sample_drafts = options.pop("sample_drafts", 0)
         siblings, position = options.pop("siblings", 0), options.pop("sibling_position", 1)
-        policy = build_tree_policy(draft, **options)
+        policy = draft_tree_policy(draft, DecodingOptions.resolve(draft.config, options))
         if sample_drafts:
             policy = sampled_chain_policy(draft, policy, sample_drafts, sampling)
         if siblings:

@@ -20,62 +20,43 @@ from pathlib import Path
 
 import torch
 
-from dart_hf import budget
 from dart_hf.bench import chat_inputs
 from dart_hf.files import write_atomically
 from dart_hf.prompts import load_prompts
 from dart_hf.zoo import load_draft, load_target
 
-STEPS: list[dict] = []  # filled by the patched controller methods, one entry per step
+STEPS: list[dict] = []  # filled by the observer, one entry per step
 _last = {"end": 0.0, "stats": None, "tokens": 0}  # the previous step's record time, and the tokens committed by then
 
 
-def _step(kind: str, nodes: int, forward_seconds: float | None, costs: budget.ForwardCosts, stats, **extra) -> None:
-    """Append one step; its wall time runs from the previous step's record to this one, its tokens are what the
-    draft's `stats` (one per `generate` call) counted since."""
-    now = time.perf_counter()
-    if stats is not _last["stats"]:
-        _last.update(stats=stats, tokens=0)
-    STEPS.append(
-        {
-            "kind": kind,
-            "nodes": nodes,
-            "forward": forward_seconds,
-            "calibrated": costs(nodes),
-            "weight_major": costs.weight_major(costs.rows(nodes)),
-            "wall": now - _last["end"],
-            "tokens": stats.new_tokens - _last["tokens"],
-            **extra,
-        }
-    )
-    _last.update(end=now, tokens=stats.new_tokens)
-
-
 def install_trace(draft) -> None:
-    """Record every step the controller is told of (the records the adaptive budget already gets) of `draft`'s
-    decoding."""
-    record_step, record_plain, record_lookup = (
-        budget.AdaptiveBudget.record_step,
-        budget.AdaptiveBudget.record_plain_step,
-        budget.AdaptiveBudget.record_lookup_step,
-    )
+    """Record every step of `draft`'s decoding as the planner is told it (`draft.step_observers`): its kind, nodes,
+    forward seconds against the calibrated cost, seconds outside the forward, wall time since the previous step's
+    record and the tokens the draft's `stats` (one per `generate` call) counted since."""
 
-    def traced_step(self, tree, path, step_budget, overhead_seconds, forward_seconds=None):
-        kind = "probe" if self.lost_probes else "drafted"
-        _step(kind, len(tree), forward_seconds, self.costs, draft.stats, overhead=overhead_seconds)
-        record_step(self, tree, path, step_budget, overhead_seconds, forward_seconds)
+    def observe(outcome, planner) -> None:
+        costs = planner.controller.costs  # as the controller prices forwards: padded to a cheaper size where one is
+        now = time.perf_counter()
+        stats = draft.stats
+        if stats is not _last["stats"]:
+            _last.update(stats=stats, tokens=0)
+        step = outcome.step
+        kind = {"tree": "probe" if step.probe else "drafted"}.get(step.kind, step.kind)
+        STEPS.append(
+            {
+                "kind": kind,
+                "nodes": outcome.nodes,
+                "forward": outcome.forward_seconds,
+                "calibrated": costs(outcome.nodes),
+                "weight_major": costs.weight_major(costs.rows(outcome.nodes)),
+                "wall": now - _last["end"],
+                "tokens": stats.new_tokens - _last["tokens"],
+                "overhead": outcome.overhead_seconds,
+            }
+        )
+        _last.update(end=now, tokens=stats.new_tokens)
 
-    def traced_plain(self, forward_seconds=None):
-        _step("plain", 1, forward_seconds, self.costs, draft.stats, overhead=0.0)
-        record_plain(self, forward_seconds)
-
-    def traced_lookup(self, overhead_seconds, nodes, forward_seconds=None):
-        _step("lookup", nodes, forward_seconds, self.costs, draft.stats, overhead=overhead_seconds)
-        record_lookup(self, overhead_seconds, nodes, forward_seconds)
-
-    budget.AdaptiveBudget.record_step = traced_step
-    budget.AdaptiveBudget.record_plain_step = traced_plain
-    budget.AdaptiveBudget.record_lookup_step = traced_lookup
+    draft.step_observers.append(observe)
 
 
 def summarise(steps: list[dict], dart_seconds: float, vanilla_seconds: float, new_tokens: int) -> dict:

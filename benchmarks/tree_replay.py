@@ -20,8 +20,9 @@ import time
 import torch
 
 from _common import report, settings_table, tree_replay_parser, vanilla_outputs
-from dart_hf.budget import CANDIDATE_BUDGETS, calibrate_forward_costs
-from dart_hf.generation import build_tree_policy
+from dart_hf.costs import CANDIDATE_BUDGETS, calibrate_forward_costs
+from dart_hf.generation import draft_tree_policy
+from dart_hf.options import DecodingOptions
 from dart_hf.training.trainer import draft_rows
 from dart_hf.zoo import load_draft, load_target
 
@@ -99,7 +100,7 @@ def main() -> None:
     grid = parse_grid(args.grid) if args.grid else DEFAULT_GRID
     max_budget = draft.config.tree_budget
     budgets = [m for m in CANDIDATE_BUDGETS if m <= max_budget]
-    policies = [build_tree_policy(draft, **setting) for setting in grid]
+    policies = [draft_tree_policy(draft, DecodingOptions.resolve(draft.config, setting)) for setting in grid]
     costs = calibrate_forward_costs(target, list(draft.config.feature_layers), max_budget + 1)
 
     accepted = {(name, i): [] for name in outputs for i in range(len(grid))}

@@ -13,7 +13,7 @@ from transformers import (
 )
 
 from dart_hf import DartDraftModel
-from dart_hf.budget import ForwardCosts
+from dart_hf.costs import ForwardCosts
 from dart_hf.modeling_dart import DartDraftOutput
 
 VOCAB_SIZE = 128

@@ -13,5 +13,5 @@ if not torch.cuda.is_available():
 @pytest.fixture(autouse=True)
 def private_cost_cache(tmp_path_factory, monkeypatch):
     folder = tmp_path_factory.getbasetemp() / "forward_costs"
-    monkeypatch.setattr("dart_hf.budget.cost_cache_dir", lambda: folder)
+    monkeypatch.setattr("dart_hf.costs.cache_root", lambda: folder)
     return folder

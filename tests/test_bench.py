@@ -39,6 +39,29 @@ def test_run_benchmark_summary_table_and_plot(tmp_path, monkeypatch):
     assert (tmp_path / "plot.png").stat().st_size > 1000
 
 
+def test_arms_run_their_own_drafts_and_options_beside_the_methods(monkeypatch):
+    """Two DART arms (a second draft object, and the first with other options) interleaved with vanilla: each with
+    its own stats and draft's agreement, held to vanilla's greedy output; a name that is a method is refused."""
+    import pytest
+
+    monkeypatch.setattr(bench, "load_prompts", lambda name, limit: [f"{name} prompt {i}" for i in range(limit)])
+    target = tiny_target("llama", seed=3)
+    draft = DartDraftModel.from_target(target)
+    other = DartDraftModel.from_target(target)  # another random draft: another agreement with vanilla
+    arms = {"fixed_4": (draft, {"adaptive": False, "budget": 4}), "other": (other, {})}
+    summary = bench.run_benchmark(target, char_tokenizer(), None, ["set-a"], prompts_per_set=3, max_new_tokens=12,
+                                  methods=["vanilla"], arms=arms)
+    overall = summary["overall"]
+    assert set(overall) == {"vanilla", "fixed_4", "other"}
+    assert overall["fixed_4"]["greedy_mismatches"] == 0 and overall["other"]["greedy_mismatches"] == 0
+    assert overall["fixed_4"]["budget_chosen"] == 4 and overall["fixed_4"]["plain_fraction"] == 0
+    assert len(overall["fixed_4"]["draft_alpha"]) == len(overall["other"]["draft_alpha"]) == draft.config.draft_length
+    assert summary["weights_beside_target"]["other"] > 0 and summary["weights_beside_target"]["vanilla"] == 0
+    with pytest.raises(ValueError, match="are method names"):
+        bench.run_benchmark(target, char_tokenizer(), None, ["set-a"], 1, 4, methods=["vanilla"],
+                            arms={"dart": (draft, {})})
+
+
 def test_a_bfloat16_run_times_vanilla_float32_and_judges_divergences_by_near_ties(tmp_path, monkeypatch):
     """DART and vanilla in bfloat16 beside vanilla float32: speedups over both, and every greedy output either
     identical to vanilla bfloat16's or diverging at a near-tie of the target's own logits."""
@@ -116,7 +139,7 @@ def test_each_dart_method_keeps_its_own_evidence_and_the_warm_up_leaves_none(mon
 def test_speedups_are_per_new_token_and_a_sampled_run_has_no_greedy_check():
     # sampled outputs may end at different lengths: half the time for half the tokens is no speedup
     vanilla = bench.MethodResult(seconds=[2.0, 2.0], tokens=[10, 10])
-    dart = bench.MethodResult(seconds=[1.0, 1.0], tokens=[5, 5], taus=[1.5, 1.5], verify_steps=4,
+    dart = bench.MethodResult(checked=True, seconds=[1.0, 1.0], tokens=[5, 5], taus=[1.5, 1.5], verify_steps=4,
                               tree_kinds=["drawn", "drawn", "drawn", "tree"])
     summary = bench.summarise({"set-a": {"vanilla": vanilla, "dart": dart}}, sampled=True)
     row = summary["set-a"]["dart"]
@@ -124,7 +147,7 @@ def test_speedups_are_per_new_token_and_a_sampled_run_has_no_greedy_check():
     assert row["greedy_mismatches"] is None and row["tokens"] == [5, 5]
     assert row["drawn_fraction"] == 0.75 and "75% drawn" in bench.markdown_table(summary)
     greedy = bench.summarise({"set-a": {"vanilla": vanilla, "dart": bench.MethodResult(
-        seconds=[1.0, 1.0], tokens=[10, 10], verify_steps=4)}})["overall"]["dart"]
+        checked=True, seconds=[1.0, 1.0], tokens=[10, 10], verify_steps=4)}})["overall"]["dart"]
     assert greedy["speedup_total"] == 2.0 and greedy["greedy_mismatches"] == 0
 
 

@@ -482,7 +482,8 @@ def test_each_kind_of_lookup_is_judged_on_its_own_evidence(monkeypatch):
     only when taken from the earliest occurrence: the chains verified are exactly those kinds, losslessly."""
     from _helpers import FLAT_COSTS, force_costs
 
-    from dart_hf.budget import AdaptiveBudget, LookupEvidence
+    from dart_hf.budget import AdaptiveBudget
+    from dart_hf.controller_state import LookupEvidence
 
     target = tiny_target("llama", seed=8)
     draft = DartDraftModel.from_target(target)
@@ -516,7 +517,7 @@ def test_lookup_chains_stop_at_the_length_limit(monkeypatch):
     from _helpers import FLAT_COSTS, force_costs
 
     import dart_hf.generation as generation
-    from dart_hf.budget import LookupEvidence
+    from dart_hf.controller_state import LookupEvidence
     from dart_hf.verify import forward_tree
 
     target = tiny_target("llama", seed=8)

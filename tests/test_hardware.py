@@ -8,7 +8,7 @@ from _helpers import prompts, tiny_target
 
 import dart_hf.generation
 from dart_hf import DartDraftModel, hardware
-from dart_hf.budget import calibration_key
+from dart_hf.costs import calibration_key
 from dart_hf.hardware import CpuInfo, default_dtype, device_clock
 
 SAPPHIRE_RAPIDS = (

@@ -222,7 +222,7 @@ def test_same_seed_same_output(target_and_draft):
 @pytest.mark.parametrize("rule", ["exact", "biased"])
 def test_lookup_chains_sample_the_exact_target_distribution(target_and_draft, monkeypatch, rule):
     from _helpers import FLAT_COSTS, force_costs
-    from dart_hf.budget import LookupEvidence, StepRecord
+    from dart_hf.controller_state import LookupEvidence, StepRecord
 
     target, _ = target_and_draft
     torch.manual_seed(0)

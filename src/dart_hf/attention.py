@@ -2,9 +2,8 @@
 
 Transformers' "sdpa" attention, given a mask and more than one query row, copies every cached key and value once
 per query head of its group (`repeat_kv`) before calling sdpa. A one-token decoding step skips that copy, but a
-tree forward pays it in every layer, more the longer the context: for SmolLM2-135M (9 query heads, 3 key/value
-heads) on a 2-core CPU a whole 5-node forward took 1.55 -> 1.43 one-token forwards without the copy at a 200-token
-context and 1.49 -> 1.32 at 1,000 tokens (`benchmarks/bench_tree_forward.py`). torch's sdpa takes grouped
+tree forward pays it in every layer, more the longer the context (measured with `benchmarks/bench_tree_forward.py`:
+`docs/decoding.md`, "Measurements behind the code"). torch's sdpa takes grouped
 key/value heads itself (`enable_gqa=True`) and its CPU kernel reads them in place, mask included.
 
 `grouped_query_sdpa(target)` routes the attention of the forwards run inside it through that call instead, for a

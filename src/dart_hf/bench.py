@@ -42,8 +42,8 @@ from .zoo import load_draft, load_target
 
 BENCHMARK_SETS = [name for name, prompt_set in PROMPT_SETS.items() if prompt_set.role == "benchmark"]
 WARM_UP_PROMPT = "Say hello."  # not from any prompt set
-# a call this many times slower per new token than its method's median on the set is flagged: in clean runs on
-# this project's CPU no call passed 2.5x; calls slowed by other work on the machine took 3.4-5.5x
+# a call this many times slower per new token than its method's median on the set is flagged: between what clean
+# runs reach and what calls slowed by other work on the machine take (`docs/benchmarks.md`, "Slow calls")
 SLOW_CALL_FACTOR = 3.0
 METHODS = [
     "vanilla", "vanilla_bf16", "vanilla_float32", "prompt_lookup", "assisted", "dart_chain", "dart_no_ngram",
@@ -59,8 +59,10 @@ LOW_PRECISION_METHODS = ["vanilla", "vanilla_float32", "prompt_lookup", "dart_no
 
 @dataclass
 class MethodResult:
-    """Per prompt: seconds, new tokens, and for DART methods tau and the time split."""
+    """Per prompt: seconds, new tokens, and for DART methods tau and the time split. checked: the method's greedy
+    outputs are held to vanilla's (the peers and DART)."""
 
+    checked: bool = False
     seconds: list[float] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     taus: list[float] = field(default_factory=list)
@@ -75,6 +77,21 @@ class MethodResult:
     tree_kinds: list[str] = field(default_factory=list)  # per drafted tree: "drawn" chain or deterministic "tree"
     alpha_hits: torch.Tensor | None = None  # [draft_length], the draft's teacher-forced agreement with vanilla
     alpha_rows: torch.Tensor | None = None
+
+    def add_stats(self, stats, seconds: float) -> None:
+        """Add one DART call's `DartStats`, the call having taken `seconds` in all."""
+        if stats.verify_steps:
+            self.taus.append(stats.tau)
+        parts = {"draft": stats.draft_time, "tree": stats.tree_time, "verify": stats.verify_time,
+                 "lookup": stats.lookup_time, "plain": stats.plain_time}
+        for part, part_seconds in parts.items():
+            self.split[part] += part_seconds
+        self.split["other"] += seconds - sum(parts.values())
+        self.verify_steps += stats.verify_steps
+        self.plain_steps += stats.plain_steps
+        self.lookup_steps += stats.lookup_steps
+        self.budgets += stats.budgets
+        self.tree_kinds += stats.tree_kinds
 
     def add_alpha(self, hits: torch.Tensor, rows: torch.Tensor) -> None:
         """Add one prompt's per-depth hits and supervised rows."""
@@ -100,16 +117,27 @@ def run_benchmark(
     methods: list[str] | None = None,
     tree_options: dict | None = None,
     assistant=None,
+    arms: dict[str, tuple[DartDraftModel, dict]] | None = None,
 ) -> dict:
     """Run every method on every prompt, interleaved; returns a JSON-ready dict of per-set results. `target`'s
     dtype is the run's: "vanilla", the peers and the DART methods use it; "vanilla_bf16" / "vanilla_float32" load
     a copy in that dtype. "assisted" is Transformers' assisted decoding with `assistant` (a smaller model with the
-    target's tokenizer); "prompt_lookup" is its prompt lookup decoding (10 tokens)."""
+    target's tokenizer); "prompt_lookup" is its prompt lookup decoding (10 tokens). arms: more DART methods, by
+    name, each with its own draft (bound to `target`) and `tree_options` on top of `tree_options`: two
+    checkpoints, or two option sets (`benchmarks/ab_drafts.py`, `ab_options.py`); an arm's draft object keeps its
+    own controller state, so give each arm its own."""
     methods = methods or list(DEFAULT_METHODS if target.dtype == torch.float32 else LOW_PRECISION_METHODS)
     if "vanilla" not in methods:
         methods = ["vanilla"] + methods  # the reference for every speedup and the greedy check
     if draft is None:
         methods = [m for m in methods if not m.startswith("dart")]
+    arms = dict(arms or {})
+    clashing = set(arms) & set(METHODS)
+    if clashing:
+        raise ValueError(f"Arm names {sorted(clashing)} are method names: name the arms otherwise.")
+    methods = methods + list(arms)
+    draft_of = {m: draft for m in methods if m.startswith("dart") and m not in arms}  # the DART methods' drafts
+    draft_of.update({name: arm_draft for name, (arm_draft, _) in arms.items()})
     if "assisted" in methods and assistant is None:
         raise ValueError("The 'assisted' method needs an assistant model with the target's tokenizer: pass "
                          "assistant= (dart-hf bench --assistant NAME).")
@@ -127,36 +155,27 @@ def run_benchmark(
             kwargs["prompt_lookup_num_tokens"] = 10
         elif method == "assisted":
             kwargs["assistant_model"] = assistant
-        elif method.startswith("dart"):
-            kwargs["assistant_model"] = draft
-            options = dict(tree_options or {})
-            if method == "dart_no_ngram":
-                options["use_ngram"] = False
-            if method == "dart_no_lookup":  # the drafted trees alone, without context-lookup chains
-                options["lookup_length"] = 0
-            if method == "dart_fixed_drafts":  # sampling with DART's deterministic trees, not drawn chains
-                options["sample_drafts"] = 0
-            if method == "dart_drawn_only":  # sampling with drawn chains alone, the deterministic tree not weighed
-                options["compare_policies"] = False
-            if method == "dart_chain":  # Transformers' assisted decoding with DART's chain candidates
-                kwargs["dart_chain"] = True
-            kwargs["tree_options"] = options
+        elif method in draft_of:
+            kwargs["assistant_model"] = draft_of[method]
+            kwargs["dart_chain"] = method == "dart_chain"  # Transformers' assisted decoding, DART's chain candidates
+            kwargs["tree_options"] = {**(tree_options or {}), **dart_method_options(method),
+                                      **(arms[method][1] if method in arms else {})}
         return model, kwargs
 
-    # each DART method keeps its own controller evidence (the methods share one draft object)
-    dart_methods = [m for m in methods if m.startswith("dart")]
+    # each DART method keeps its own controller evidence (the built-in ones share one draft object)
+    dart_methods = list(draft_of)
     evidence = dict.fromkeys(dart_methods)  # None: fresh evidence
     checked_methods = [m for m in methods if m in PEER_METHODS] + dart_methods  # held to vanilla's greedy output
 
     def generate(method: str, inputs: dict, **overrides) -> torch.Tensor:
         model, kwargs = method_call(method)
         if method in evidence:
-            evidence[method] = draft.controller_state.swap_evidence(evidence[method])
+            evidence[method] = draft_of[method].controller_state.swap_evidence(evidence[method])
         try:
             return model.generate(**inputs, **{**kwargs, **overrides})
         finally:
             if method in evidence:
-                evidence[method] = draft.controller_state.swap_evidence(evidence[method])
+                evidence[method] = draft_of[method].controller_state.swap_evidence(evidence[method])
 
     # untimed warm-up of every method: first-call setup (and DART's one-time cost calibration) stays out of timings;
     # the evidence it leaves is dropped, since its text is not the benchmark's (its easy replies made the first
@@ -170,7 +189,7 @@ def run_benchmark(
     near_ties: dict[str, NearTieReport] = {}
     work = [(name, prompt) for name in sets for prompt in load_prompts(name, prompts_per_set)]
     for index, (set_name, prompt) in enumerate(tqdm(work, desc="benchmark", unit="prompt")):
-        per_method = results.setdefault(set_name, {m: MethodResult() for m in methods})
+        per_method = results.setdefault(set_name, {m: MethodResult(checked=m in checked_methods) for m in methods})
         inputs = chat_inputs(tokenizer, prompt).to(target.device)
         outputs = {}
         # every other prompt runs the methods in reverse order, so that running first or last (a warm or cold
@@ -190,23 +209,8 @@ def run_benchmark(
             result = per_method[method]
             result.seconds.append(seconds)
             result.tokens.append(output.shape[1] - inputs["input_ids"].shape[1])
-            if method.startswith("dart"):
-                stats = draft.stats
-                if stats.verify_steps:
-                    result.taus.append(stats.tau)
-                result.split["draft"] += stats.draft_time
-                result.split["tree"] += stats.tree_time
-                result.split["verify"] += stats.verify_time
-                result.split["lookup"] += stats.lookup_time
-                result.split["plain"] += stats.plain_time
-                result.split["other"] += seconds - sum(
-                    (stats.draft_time, stats.tree_time, stats.verify_time, stats.lookup_time, stats.plain_time)
-                )
-                result.verify_steps += stats.verify_steps
-                result.plain_steps += stats.plain_steps
-                result.lookup_steps += stats.lookup_steps
-                result.budgets += stats.budgets
-                result.tree_kinds += stats.tree_kinds
+            if method in draft_of:
+                result.add_stats(draft_of[method].stats, seconds)
         if do_sample:
             continue
         reference = outputs["vanilla"]
@@ -218,25 +222,39 @@ def run_benchmark(
             target, inputs["input_ids"][0], reference[0, prompt_length:], vanilla_logits,
             {method: outputs[method][0, prompt_length:] for method in checked_methods},
         )
-        if dart_methods:  # untimed: the draft's agreement with vanilla's greedy output
-            hits, rows = greedy_agreement(draft, target, reference, inputs["input_ids"].shape[1])
-            for method in dart_methods:
-                per_method[method].add_alpha(hits, rows)
+        agreement = {}  # untimed: each draft's agreement with vanilla's greedy output, once per draft object
+        for method in dart_methods:
+            method_draft = draft_of[method]
+            if id(method_draft) not in agreement:
+                agreement[id(method_draft)] = greedy_agreement(method_draft, target, reference, prompt_length)
+            per_method[method].add_alpha(*agreement[id(method_draft)])
     summary = summarise(results, sampled=do_sample, near_ties=near_ties)
-    summary["weights_beside_target"] = {method: weights_beside_target(method, draft, assistant, copies.get(method))
-                                        for method in methods}
+    summary["weights_beside_target"] = {
+        method: weights_beside_target(method, draft_of.get(method), assistant, copies.get(method)) for method in methods
+    }
     dtype_name = str(target.dtype).removeprefix("torch.")
     summary["machine"] = {"device": device_description(target.device), "dtype": dtype_name}
     return summary
 
 
+def dart_method_options(method: str) -> dict:
+    """The `tree_options` a built-in DART method sets."""
+    return {
+        "dart_no_ngram": {"use_ngram": False},
+        "dart_no_lookup": {"lookup_length": 0},  # the drafted trees alone, without context-lookup chains
+        "dart_fixed_drafts": {"sample_drafts": 0},  # sampling with DART's deterministic trees, not drawn chains
+        "dart_drawn_only": {"compare_policies": False},  # sampling with drawn chains alone, the tree not weighed
+    }.get(method, {})
+
+
 def weights_beside_target(method: str, draft, assistant, copy) -> int:
-    """Bytes a method holds in memory besides the target's weights: the draft's weights and N-gram table (DART),
-    the assistant's weights (assisted decoding), a copy of the target in another dtype, or nothing."""
+    """Bytes a method holds in memory besides the target's weights: the draft's weights and N-gram table (a DART
+    method, whose `draft` that is; None for the others), the assistant's weights (assisted decoding), a copy of the
+    target in another dtype, or nothing."""
     def parameter_bytes(model) -> int:
         return sum(p.numel() * p.element_size() for p in model.parameters()) if model is not None else 0
 
-    if method.startswith("dart"):
+    if draft is not None:
         table = draft.ngram
         return parameter_bytes(draft) + (int(table.keys.nbytes + table.counts.nbytes) if table is not None else 0)
     if method == "assisted":
@@ -287,7 +305,7 @@ def summarise(
                     speedup(float32.seconds, result.seconds, float32.tokens, result.tokens))
                 row["speedup_over_float32_ci95"] = bootstrap_interval(
                     float32.seconds, result.seconds, float32.tokens, result.tokens)
-            if method in PEER_METHODS or method.startswith("dart"):  # held to vanilla's greedy output
+            if result.checked:  # held to vanilla's greedy output
                 row["greedy_mismatches"] = None if sampled else result.mismatches
                 if report is not None and method in report.gaps:
                     row["near_ties"] = report.summary(method, rounding_scale=whole_run.rounding_scale)
@@ -342,7 +360,7 @@ def _merge(results: dict[str, dict[str, MethodResult]]) -> dict[str, MethodResul
     merged: dict[str, MethodResult] = {}
     for per_method in results.values():
         for method, result in per_method.items():
-            target = merged.setdefault(method, MethodResult())
+            target = merged.setdefault(method, MethodResult(checked=result.checked))
             target.seconds += result.seconds
             target.tokens += result.tokens
             target.taus += result.taus

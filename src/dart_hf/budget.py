@@ -4,30 +4,29 @@ A DART step runs the target once over a tree of n nodes (cost f(n)) plus the dra
 and the cache compaction (cost o(m)), and commits tau(m) tokens on average for a tree budget m. Plain decoding
 commits one token per f(1). So:
 
-- f is measured once per model, dtype, device and thread count (`calibrate_forward_costs`) and cached on disk:
-  on a GPU f is nearly flat, on this project's 2-core CPU a 60-node tree costs over 2.5x one token.
+- f is measured once per model, dtype, device and thread count (`costs.calibrate_forward_costs`) and cached on
+  disk: on a GPU f is nearly flat up to tens of nodes, on a CPU a large tree costs several one-token forwards.
 - tau(m) is estimated from the steps already verified. A policy's tree of budget m is its m best nodes (the
   `Tree.ranks` <= m), so one step verified with budget b tells what every budget m <= b would have accepted.
 - f is the fastest of several runs at a 128-token context; during generation the context is longer and the
   machine busier, and not by the same factor for one token as for a tree. `ForwardTimings` keeps recent forwards'
   measured seconds as multiples of f, per kind of step, and decisions scale f by their medians.
 - o(m) is the draft's forward for the min(m, draft length) levels a tree of budget m can reach, measured once per
-  draft (`calibrate_draft_costs`: on this project's CPU one level cost a third of eight), plus the rest of recent
-  steps' measured overhead: a one-level drawn chain is then not priced with an eight-level probe's draft forward
-  (which at T=1 would send such chains to plain decoding).
+  draft (`costs.calibrate_draft_costs`), plus the rest of recent steps' measured overhead: a one-level drawn
+  chain is then not priced with an eight-level probe's draft forward (which at T=1 would send such chains to
+  plain decoding).
 - `AdaptiveBudget` picks the m with the lowest cost per token, (o(m) + f(m + 1)) / tau(m); when even that loses to
   f(1), it decodes plainly and probes with a tree now and then to notice when drafting pays again. A probe costs
   its expected loss, tau(m) times the gap per token, so it waits for as many plain steps as keep probes' losses
   under `probe_share` of the plain decoding time: a tree that nearly pays is probed every few steps (so the
   evidence follows a change of text quickly), one that loses badly rarely. Each probe in a row that lost doubles
   the wait (up to `max_probe_interval`), and one that beat plain decoding restarts it: text where drafting loses
-  tends to go on being such text, and at a fixed share a long stretch of it paid the whole share (3% slower than
-  vanilla on AlpacaEval at T=1, `docs/HISTORY.md`). A probe is at least `first_budget`'s
-  tree, so that it refreshes the evidence of every budget that could pay. Every `explore_every` steps it tries
-  twice the chosen budget, which is how larger budgets get evidence. With no evidence at all it starts with the
-  largest tree that costs at most twice one token (`first_budget`). Where a forward runs padded to a faster
-  size (`ForwardCosts.rows`: on a CPU 3 nodes cost more than 4), the budgets grow to fill the padded rows with
-  nodes (`AdaptiveBudget.filled`).
+  tends to go on being such text, and at a fixed share a long stretch of it paid the whole share
+  (`docs/HISTORY.md`). A probe is at least `first_budget`'s tree, so that it refreshes the evidence of every
+  budget that could pay. Every `explore_every` steps it tries twice the chosen budget, which is how larger budgets
+  get evidence. With no evidence at all it starts with the largest tree that costs at most twice one token
+  (`first_budget`). Where a forward runs padded to a faster size (`costs.ForwardCosts.rows`: on a CPU some sizes
+  cost more than a larger one), the budgets grow to fill the padded rows with nodes (`AdaptiveBudget.filled`).
 - Context lookup (`dart_hf.lookup`) chains are scored on every step for free, so `lookup_choice` needs no probes:
   of a step's candidate chains it verifies the prefix of length k with the lowest (o_lookup + f(k + 1)) /
   tau_lookup(k) when that beats both plain decoding and the drafted tree; tau_lookup is measured per kind of
@@ -36,305 +35,38 @@ commits one token per f(1). So:
   follows (the latest or the earliest), recent outcomes weighing more.
 - When sampling, two tree policies compete (`PolicyChoice`): the drawn chain and the deterministic tree, each with
   its own `AdaptiveBudget` and acceptance evidence; a step drafts with the one that is cheaper per token.
+- `FixedBudget` is the controller of a call without `adaptive`: every step a tree of the largest budget.
+
+Every controller answers the same questions (`next_budget`, `arm`, `lookup_choice`, `forward_layout`) and is told
+the outcome of each step (`record_step`, `record_lookup_step`, `record_plain_step`); `save` writes what carries
+over to the next call back into the draft's `ControllerState`. `dart_hf.planner` asks them; nothing else does.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import math
-import os
-import time
 from collections import deque
 from collections.abc import Hashable
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import DynamicCache, PreTrainedModel
 
-from .files import write_atomically
-from .hardware import device_description, synchronize
+from .controller_state import ControllerState, ForwardTimings, LookupEvidence, ModeEvidence, StepRecord
+from .costs import (
+    CANDIDATE_BUDGETS,
+    DraftCosts,
+    ForwardCosts,
+    calibrate_draft_costs,
+    calibrate_forward_costs,
+    calibration_key,
+)
 from .tree import Tree
-from .verify import compact_cache, forward_tree
-
-# the version of what `forward_tree` runs: part of the calibration key, so that costs cached on disk for another
-# version of it are measured again (its changes are listed in docs/HISTORY.md)
-CALIBRATION_METHOD = 5
-CANDIDATE_BUDGETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
-
-# calibrated at every size up to this many nodes (context-lookup chains take any length; on a CPU neighbouring
-# sizes differ by up to 40%, so interpolation between sparse sizes misprices them), then at the budgets' sizes
-EVERY_SIZE_UP_TO = 17
 
 
 def candidate_budgets(max_budget: int) -> list[int]:
     """The budgets a controller weighs for trees of at most `max_budget` nodes below the root, before filling."""
     return [b for b in CANDIDATE_BUDGETS if b < max_budget] + [max_budget]
-
-
-@dataclass
-class ForwardCosts:
-    """Seconds of one target forward over n tree nodes (root included), measured at `node_counts`; linear in
-    between and beyond.
-
-    max_rows > 0 lets a forward run with more rows than it has nodes (`rows`): on this project's 2-core CPU,
-    float32 matmuls of 2, 3 or 7 rows are slower than of 4, 5 or 13, so a forward of 3 nodes padded to 5 rows
-    costs less than one of 3. Calling the costs then gives the cost of the padded forward.
-
-    weight_major_seconds: the same forwards with the linear layers' products taken weight first
-    (`dart_hf.weight_major`), None where not measured; a forward runs in whichever layout measured faster at its
-    size (`weight_major`), and costs that."""
-
-    node_counts: list[int]
-    seconds: list[float]
-    max_rows: int = 0
-    weight_major_seconds: list[float] | None = None
-
-    def __post_init__(self):
-        self._rows = [self._cheapest_rows(nodes) for nodes in range(self.max_rows + 1)]  # looked up every step
-
-    def __call__(self, nodes: int) -> float:
-        return self.measured(self.rows(nodes))
-
-    def measured(self, rows: int) -> float:
-        """Seconds of a forward over exactly `rows` rows, in the faster layout."""
-        if self.weight_major_seconds is None:
-            return self._interpolated(self.seconds, rows)
-        return min(self._interpolated(self.seconds, rows), self._interpolated(self.weight_major_seconds, rows))
-
-    def weight_major(self, rows: int) -> bool:
-        """Whether a forward over `rows` rows is faster with weight-major products."""
-        if self.weight_major_seconds is None:
-            return False
-        return self._interpolated(self.weight_major_seconds, rows) < self._interpolated(self.seconds, rows)
-
-    def _interpolated(self, seconds: list[float], rows: int) -> float:
-        counts = self.node_counts
-        if rows > counts[-1] and len(counts) > 1:
-            slope = (seconds[-1] - seconds[-2]) / (counts[-1] - counts[-2])
-            return seconds[-1] + slope * (rows - counts[-1])
-        return float(np.interp(rows, counts, seconds))
-
-    def rows(self, nodes: int) -> int:
-        """The rows a forward over `nodes` nodes runs with: `nodes`, or up to `max_rows` where a measured size
-        is at least `PADDING_GAIN` cheaper (the cheapest such size)."""
-        return self._rows[nodes] if nodes <= self.max_rows else nodes
-
-    def _cheapest_rows(self, nodes: int) -> int:
-        counts = np.asarray(self.node_counts)  # a measured size costs as measured
-        seconds = np.array([self.measured(int(count)) for count in counts])
-        cheaper = (counts > nodes) & (counts <= self.max_rows) & (seconds <= PADDING_GAIN * self.measured(nodes))
-        return int(counts[cheaper][seconds[cheaper].argmin()]) if cheaper.any() else nodes  # ties: the fewest rows
-
-
-# a forward is padded to a larger measured size only when that measured at most this share of its own cost: where
-# every size costs about the same (a GPU), calibration noise alone must not pad a 5-node tree to 61 rows
-PADDING_GAIN = 0.95
-
-
-def cost_cache_dir() -> Path:
-    """Where calibrated forward costs are cached: `$DART_HF_CACHE`, default `~/.cache/dart-hf`."""
-    return Path(os.environ.get("DART_HF_CACHE", Path.home() / ".cache" / "dart-hf"))
-
-
-def calibration_key(target: PreTrainedModel) -> str:
-    """What the forward cost depends on: the model (name, size, dtype, attention), the device with what it is (the
-    CPU's model and bfloat16 flags, or the GPU's name: `hardware.device_description`), the threads and torch."""
-    config = target.config
-    size = sum(p.numel() for p in target.parameters())
-    return (
-        f"{config._name_or_path or config.model_type}|{config.model_type}|{size}|{target.dtype}|"
-        f"{config._attn_implementation}|{target.device}|{device_description(target.device)}|"
-        f"threads={torch.get_num_threads()}|torch={torch.__version__}"
-    )
-
-
-@torch.no_grad()
-def calibrate_forward_costs(
-    target: PreTrainedModel,
-    feature_layers: list[int],
-    max_nodes: int,
-    context_length: int = 128,
-    repeats: int = 7,
-    use_disk_cache: bool = True,
-) -> ForwardCosts:
-    """Time the target's tree forward (as `forward_tree` runs it, in both layouts of its linear layers' products:
-    `dart_hf.weight_major`) for trees of 1 to `max_nodes` nodes over a `context_length`-token cache; the fastest of
-    `repeats` runs per size and layout, since other work on the machine only ever adds time and the result is kept
-    for good: cached in `$DART_HF_CACHE/forward_costs.json` under `calibration_key(target)`, so it runs once per
-    model and machine."""
-    key = f"{calibration_key(target)}|context={context_length}|method={CALIBRATION_METHOD}"
-    path = cost_cache_dir() / "forward_costs.json"
-    stored = json.loads(path.read_text()) if use_disk_cache and path.exists() else {}
-    every_size = set(range(1, min(max_nodes, EVERY_SIZE_UP_TO) + 1))
-    node_counts = sorted({max_nodes} | every_size | {n + 1 for n in CANDIDATE_BUDGETS if n + 1 < max_nodes})
-    if key in stored and stored[key]["node_counts"][-1] >= max_nodes:
-        entry = stored[key]
-        return ForwardCosts(entry["node_counts"], entry["seconds"], weight_major_seconds=entry["weight_major_seconds"])
-
-    vocab_size = target.config.get_text_config().vocab_size
-    generator = torch.Generator().manual_seed(0)
-    context = torch.randint(0, vocab_size, (1, context_length), generator=generator).to(target.device)
-    cache = DynamicCache(config=target.config)
-    target(input_ids=context, cache=cache, use_cache=True)
-    trees = [
-        Tree.from_parents(torch.randint(0, vocab_size, (nodes,), generator=generator), [-1] + [0] * (nodes - 1))
-        for nodes in node_counts
-    ]
-    layouts = (False, True)  # weight_major
-    times = {layout: [[] for _ in node_counts] for layout in layouts}
-    for repeat in range(repeats + 1):  # round-robin over the sizes, so machine drift hits them alike
-        for index, tree in enumerate(trees):
-            for layout in layouts if (repeat + index) % 2 == 0 else layouts[::-1]:
-                synchronize(target.device)
-                start = time.perf_counter()
-                forward_tree(target, tree, cache, feature_layers, weight_major=layout)
-                synchronize(target.device)
-                if repeat > 0:  # the first round warms up
-                    times[layout][index].append(time.perf_counter() - start)
-                compact_cache(cache, context_length, [])  # drop the tree (sliding-window layers too)
-    # not smoothed into a rising curve: on a 2-core CPU's float32 matmuls 4, 5, 9 and 17 nodes measured 116-125 ms
-    # where 3 and 7 took 146-153 ms (the same at a 400-token context), so the budget of 3 nodes was the dearer one
-    seconds, weight_major_seconds = ([min(size_times) for size_times in times[layout]] for layout in layouts)
-    costs = ForwardCosts(node_counts, seconds, weight_major_seconds=weight_major_seconds)
-    if use_disk_cache:
-        stored[key] = {"node_counts": node_counts, "seconds": seconds, "weight_major_seconds": weight_major_seconds}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(path, lambda temporary: Path(temporary).write_text(json.dumps(stored, indent=1)))
-    return costs
-
-
-@dataclass
-class DraftCosts:
-    """Seconds of one draft forward that drafts `levels` levels (`levels - 1` mask rows after the real rows), for
-    1 to `len(seconds)` (the draft length) levels. A step of budget m drafts min(m, draft length) levels: on this
-    project's CPU the shipped draft's forward took about 6 ms for one level and 17 ms for eight, a sixth of a
-    one-token target forward between a small budget and a large one."""
-
-    seconds: list[float]
-
-    def __call__(self, budget: int) -> float:
-        """Seconds of the draft forward of a step of `budget`."""
-        return self.seconds[min(budget, len(self.seconds)) - 1]
-
-
-@torch.no_grad()
-def calibrate_draft_costs(
-    draft: torch.nn.Module, real_rows: int = 2, context_length: int = 64, repeats: int = 5
-) -> DraftCosts:
-    """Time `draft`'s forward (a `DartDraftModel`) for 1 to its draft length levels, with `real_rows` new rows over a
-    `context_length`-row cache; the fastest of `repeats` runs per level count (well under a second on a CPU, so
-    measured once per draft object, not cached on disk)."""
-    config = draft.config
-    generator = torch.Generator().manual_seed(0)
-
-    def rows(count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        features = torch.randn(1, count, 3 * config.target_hidden_size, generator=generator)
-        input_ids = torch.randint(0, config.vocab_size, (1, count), generator=generator)
-        return features.to(draft.device), input_ids.to(draft.device)
-
-    cache = DynamicCache()
-    features, input_ids = rows(context_length)
-    draft(features, input_ids=input_ids, cache=cache, num_masks=0)
-    features, input_ids = rows(real_rows)
-    times = [[] for _ in range(config.draft_length)]
-    for repeat in range(repeats + 1):
-        for levels, level_times in enumerate(times, start=1):
-            synchronize(draft.device)
-            start = time.perf_counter()
-            draft(features, input_ids=input_ids, cache=cache, num_masks=levels - 1)
-            synchronize(draft.device)
-            if repeat > 0:  # the first round warms up
-                level_times.append(time.perf_counter() - start)
-            cache.crop(-(real_rows + levels - 1))
-    return DraftCosts([min(level_times) for level_times in times])
-
-
-@dataclass
-class StepRecord:
-    """One verified step: the budget it used and, for every m, whether the accepted path survives budget m:
-    `path_ranks[i]` is the largest rank among the first i + 1 accepted drafted nodes. overhead_seconds: the step's
-    time outside the target's forward (draft, tree search, acceptance, cache compaction)."""
-
-    budget: int
-    path_ranks: np.ndarray
-    overhead_seconds: float = 0.0
-
-
-@dataclass
-class LookupEvidence:
-    """What context lookup has shown, shared across `generate` calls like the tree history: per kind of lookup
-    (a key such as `dart_hf.lookup.find_continuations` gives: the match length n, whether the earlier occurrences
-    disagree on what follows, which occurrence), how many leading tokens of recent continuations the committed
-    text matched (the last `window`, each stamped with the count of outcomes recorded before it); and the seconds
-    recent lookup steps spent outside the target's forward (acceptance, cache compaction). A tuple kind's
-    outcomes also count for its pool, its first element alone (the match length), which `evidence` falls back to
-    for a kind with too little of its own.
-
-    Evidence fades with a half-life of `half_life` outcomes of any kind: a kind that turns rare after a change of
-    text (three-token repeats, common in code, rare in prose) would otherwise keep the old text's acceptance for
-    hundreds of steps."""
-
-    matched: dict[Hashable, deque] = field(default_factory=dict)
-    overheads: deque = field(default_factory=lambda: deque(maxlen=16))
-    window: int = 64
-    half_life: float = 64.0
-    clock: int = 0
-
-    @staticmethod
-    def pool(kind: Hashable) -> Hashable | None:
-        """The kind whose evidence pools `kind`'s with its siblings': (n,) for a tuple kind (n, ...), else None."""
-        return kind[:1] if isinstance(kind, tuple) and len(kind) > 1 else None
-
-    def record(self, kind: Hashable, matched: int) -> None:
-        """One outcome of a lookup of `kind` (also counted for its pool)."""
-        for key in (kind, self.pool(kind)):
-            if key is not None:
-                self.matched.setdefault(key, deque(maxlen=self.window)).append((self.clock, matched))
-        self.clock += 1
-
-    def outcomes(self, kind: Hashable) -> tuple[np.ndarray, np.ndarray]:
-        """(matched counts `[R]`, weights `[R]`) for lookups of `kind`: an outcome recorded `a` outcomes (of any
-        kind) ago weighs 0.5 ** (a / half_life)."""
-        entries = self.matched.get(kind)
-        if not entries:
-            return np.zeros(0, np.int64), np.zeros(0)
-        clocks, matched = np.array(entries, dtype=np.int64).T
-        return matched, 0.5 ** ((self.clock - 1 - clocks) / self.half_life)
-
-    def evidence(self, kind: Hashable, min_weight: float) -> tuple[np.ndarray, np.ndarray]:
-        """`outcomes(kind)`, or its pool's when the kind's own weigh less than `min_weight` (a rare kind)."""
-        matched, weights = self.outcomes(kind)
-        pool = self.pool(kind)
-        if pool is not None and weights.sum() < min_weight:
-            return self.outcomes(pool)
-        return matched, weights
-
-
-@dataclass
-class ForwardTimings:
-    """Recent target forwards' measured seconds as multiples of their calibrated cost, for plain steps and for
-    verify steps (trees and lookup chains), shared across `generate` calls like the step history. `scale` is the
-    median of the last `window` (1.0 until `min_evidence` are in; a kind without its own uses the other's);
-    window=0 keeps the calibrated costs as they are."""
-
-    window: int = 32
-    min_evidence: int = 4
-    plain: deque | None = None  # ratios of plain steps' forwards (a deque of at most `window`)
-    verify: deque | None = None
-
-    def __post_init__(self):
-        self.plain = deque(maxlen=self.window) if self.plain is None else self.plain
-        self.verify = deque(maxlen=self.window) if self.verify is None else self.verify
-
-    def scale(self, kind: str) -> float:
-        """The factor for f in a step of `kind` ("plain" or "verify")."""
-        own, other = (self.plain, self.verify) if kind == "plain" else (self.verify, self.plain)
-        for ratios in (own, other):
-            if len(ratios) >= self.min_evidence:
-                return float(np.median(ratios))
-        return 1.0
 
 
 class AdaptiveBudget:
@@ -387,6 +119,17 @@ class AdaptiveBudget:
         that stays within `max_budget`: the same forward, with nodes that may be accepted instead of pad rows."""
         grown = self.costs.rows(budget + 1) - 1
         return grown if grown <= self.max_budget else budget
+
+    def forward_layout(self, nodes: int) -> tuple[int, bool]:
+        """(rows, weight_major) of a verify forward over `nodes` nodes: padded where a larger size measured
+        faster (`ForwardCosts.rows`), in the faster layout of the linear layers' products there."""
+        rows = self.costs.rows(nodes)
+        return rows, self.costs.weight_major(rows)
+
+    def save(self, evidence: ModeEvidence) -> None:
+        """Write what the next call goes on from into `evidence`: probes are spaced over the decoding stream, so
+        the plain steps since the last drafted one and the probes in a row that lost carry over."""
+        evidence.plain_run, evidence.lost_probes = self.plain_run, self.lost_probes
 
     def plain_cost(self) -> float:
         """Expected seconds of one plain decoding step's forward."""
@@ -442,10 +185,9 @@ class AdaptiveBudget:
     def probe_budget(self) -> int:
         """The budget of a probe while drafting loses: the best budget, or `first_budget` where that is larger. A
         step tells what every budget up to its own would have accepted, so a probe of the largest tree that costs
-        at most `first_cost` one-token forwards refreshes the evidence of every budget that could pay. Probing the
-        best budget alone kept the evidence of larger ones from coming back: the tree that loses least is often
-        the cheapest (budget 1, whose tau cannot pass 2), and as its records filled the history the larger
-        budgets' fell out of it, until none but the smallest had an estimate."""
+        at most `first_cost` one-token forwards refreshes the evidence of every budget that could pay; the best
+        budget alone is often the cheapest (budget 1, whose tau cannot pass 2), and probing only it would let the
+        larger budgets' records fall out of the history until none but the smallest had an estimate."""
         budget = self.best()[0]
         return self.first_budget() if budget is None else max(budget, self.first_budget())
 
@@ -463,7 +205,7 @@ class AdaptiveBudget:
     def first_budget(self) -> int:
         """The budget while there is no evidence yet: the largest whose forward costs at most `first_cost` one-token
         forwards. On a GPU, where a tree costs about what one token does, that is the full tree; on a CPU, where a
-        61-node tree can cost 3.4 tokens, a smaller one. Its steps tell what every smaller budget would have
+        large tree costs several tokens, a smaller one. Its steps tell what every smaller budget would have
         accepted; larger ones are reached by exploration."""
         affordable = [b for b in self.budgets if self.costs(b + 1) <= self.first_cost * self.costs(1)]
         return max(affordable, default=self.budgets[0])
@@ -630,6 +372,12 @@ class PolicyChoice:
         chosen = self.controllers[self.arm]
         return chosen.best()[0] or chosen.first_budget()
 
+    def forward_layout(self, nodes: int) -> tuple[int, bool]:
+        return self.controllers[0].forward_layout(nodes)
+
+    def save(self, evidence: ModeEvidence) -> None:
+        self.controllers[0].save(evidence)
+
     def lookup_choice(self, candidates: list[tuple[Hashable, int]]) -> tuple[int, int]:
         """`AdaptiveBudget.lookup_choice` against the fastest policy's drafted tree."""
         fastest = min(self.controllers, key=lambda controller: controller.best()[1])
@@ -657,3 +405,80 @@ class PolicyChoice:
     def _timings_moved(self) -> None:
         for controller in self.controllers:  # the shared verify scale moved: every policy's estimate is stale
             controller._estimates = None
+
+
+class FixedBudget:
+    """The controller of a call without `adaptive`: every step drafts the first policy's tree at `budget`; no
+    context lookup, no padding of forwards, nothing recorded."""
+
+    arm = 0
+    lost_probes = 0
+
+    def __init__(self, budget: int):
+        self.budget = budget
+
+    def next_budget(self) -> int:
+        return self.budget
+
+    def lookup_choice(self, candidates: list[tuple[Hashable, int]]) -> tuple[int, int]:
+        return -1, 0
+
+    def forward_layout(self, nodes: int) -> tuple[int | None, bool]:
+        return None, False
+
+    def record_step(self, *args, **kwargs) -> None:
+        pass
+
+    def record_lookup_step(self, *args, **kwargs) -> None:
+        pass
+
+    def record_plain_step(self, *args, **kwargs) -> None:
+        pass
+
+    def save(self, evidence: ModeEvidence) -> None:
+        pass
+
+
+def budget_controller(
+    state: ControllerState,
+    target: torch.nn.Module,
+    draft: torch.nn.Module,
+    max_budgets: list[int],
+    max_chain: int = 0,
+    mode: tuple = ("greedy",),
+) -> tuple[AdaptiveBudget | PolicyChoice, ModeEvidence]:
+    """The adaptive controller of one `generate` call in decoding `mode` (`options.decoding_mode`), from `state`
+    (the draft's `controller_state`): the target's forward costs (calibrated once per model and machine for trees up
+    to the largest of `max_budgets` or `max_chain` lookup tokens), the draft's own forward costs per level (once per
+    draft), and `mode`'s evidence (acceptance, lookup outcomes, plain steps since the last probe) with the recent
+    forwards' timings. Returns the controller and the evidence its `save` writes back to.
+
+    One largest budget per tree policy: an `AdaptiveBudget` for one, a `PolicyChoice` between two (the drawn chain,
+    then the deterministic tree), each with its own acceptance evidence. The tree beats the chain only with more
+    nodes than the chain has levels, so it is weighed only where a tree of twice as many nodes costs at most two
+    one-token forwards (a GPU); on a CPU, where it costs more, the chain alone drafts (weighing both there measured
+    slower: `docs/HISTORY.md`)."""
+    if len(max_budgets) > 2:
+        raise ValueError(f"budget_controller weighs at most two tree policies, got {len(max_budgets)}.")
+    evidence = state.evidence.select_mode(mode)
+    max_nodes = max(*max_budgets, max_chain) + 1
+    key = calibration_key(target)
+    costs = state.costs_for(key)
+    if costs is None or costs.node_counts[-1] < max_nodes:
+        costs = state.forward_costs[key] = calibrate_forward_costs(target, list(draft.config.feature_layers), max_nodes)
+    if state.draft_costs is None:
+        state.draft_costs = calibrate_draft_costs(draft)
+    # forwards padded to a faster size never run more rows than the largest tree
+    costs = dataclasses.replace(costs, max_rows=max_nodes)
+    controllers = [
+        AdaptiveBudget(
+            costs, max_budget, history, lookup=evidence.lookup, timings=state.evidence.timings,
+            plain_run=evidence.plain_run, lost_probes=evidence.lost_probes, draft_costs=state.draft_costs,
+            timed=not state.pinned,
+        )
+        for history, max_budget in zip((evidence.acceptance, evidence.second_policy_acceptance), max_budgets)
+    ]
+    chain = controllers[0]
+    if len(controllers) == 1 or chain.costs(2 * chain.max_budget + 1) > chain.first_cost * chain.costs(1):
+        return chain, evidence
+    return PolicyChoice(controllers), evidence

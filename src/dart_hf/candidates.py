@@ -22,8 +22,9 @@ from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, Pr
 from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.utils import ModelOutput
 
-from .generation import DartStats, check_prompt_not_empty
 from .modeling_dart import DartDraftModel
+from .options import check_prompt_not_empty
+from .stats import DartStats
 from .tree import Tree, TreePolicy
 
 

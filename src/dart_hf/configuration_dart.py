@@ -8,6 +8,8 @@ from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 from transformers.modeling_rope_utils import RopeParameters
 
+from .options import DecodingOptions
+
 
 @strict
 class DartConfig(PreTrainedConfig):
@@ -77,20 +79,21 @@ class DartConfig(PreTrainedConfig):
     feature_norm: bool = False
     feature_dropout: float = 0.0
     mask_rep_init_std: float = 1.0
-    tree_policy: str = "beam"
-    tree_budget: int = 60
-    tree_top_k: int = 25
-    tree_beam_width: int = 20
-    tree_level_decay: float = 0.7
-    tree_logit_decay: float = 0.9
-    tree_ngram_weight: float = 0.5
-    tree_ngram_at_root: bool = False
-    tree_full_softmax: bool = False
-    tree_adaptive: bool = True
-    tree_lookup_length: int = 10
-    tree_lookup_max_match: int = 3
-    tree_sample_drafts: float = 0.7
-    tree_compare_policies: bool = True
+    # the tree and decoding defaults: `DecodingOptions` holds them (and checks them, `validate_architecture`)
+    tree_policy: str = DecodingOptions.policy
+    tree_budget: int = DecodingOptions.budget
+    tree_top_k: int = DecodingOptions.top_k
+    tree_beam_width: int = DecodingOptions.beam_width
+    tree_level_decay: float = DecodingOptions.level_decay
+    tree_logit_decay: float = DecodingOptions.logit_decay
+    tree_ngram_weight: float = DecodingOptions.ngram_weight
+    tree_ngram_at_root: bool = DecodingOptions.ngram_at_root
+    tree_full_softmax: bool = DecodingOptions.full_softmax
+    tree_adaptive: bool = DecodingOptions.adaptive
+    tree_lookup_length: int = DecodingOptions.lookup_length
+    tree_lookup_max_match: int = DecodingOptions.lookup_max_match
+    tree_sample_drafts: float = DecodingOptions.sample_drafts
+    tree_compare_policies: bool = DecodingOptions.compare_policies
 
     def __post_init__(self, **kwargs):
         if self.head_dim is None:
@@ -122,22 +125,7 @@ class DartConfig(PreTrainedConfig):
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                 f"num_key_value_heads ({self.num_key_value_heads})."
             )
-        if self.tree_policy not in ("beam", "topk"):
-            raise ValueError(f"tree_policy must be 'beam' or 'topk', got {self.tree_policy!r}.")
-        if self.tree_lookup_length < 0 or self.tree_lookup_max_match < 1:
-            raise ValueError(
-                f"tree_lookup_length must be >= 0 (0 turns context lookup off) and tree_lookup_max_match >= 1, got "
-                f"{self.tree_lookup_length} and {self.tree_lookup_max_match}."
-            )
-        if not self.tree_sample_drafts >= 0:
-            raise ValueError(
-                f"tree_sample_drafts must be >= 0 (0 keeps deterministic trees when sampling), got "
-                f"{self.tree_sample_drafts}."
-            )
-        if self.tree_budget < 1 or self.tree_top_k < 1:
-            raise ValueError(
-                f"tree_budget and tree_top_k must be positive, got {self.tree_budget} and {self.tree_top_k}."
-            )
+        DecodingOptions.from_config(self)  # the tree fields, checked where every decoding option is
 
     @classmethod
     def from_llama_dict(cls, config_dict: dict[str, Any]) -> DartConfig:

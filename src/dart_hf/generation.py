@@ -1,93 +1,40 @@
-"""The DART decode loop (prefill, draft, tree, verify, commit) and its routing from `target.generate`.
+"""The DART decode loop: prefill, then plain, lookup and tree steps, each committing through `verify`.
 
 Two entry points reach `dart_generate`, both through `generate`'s own preparation (generation config, logits
-processors, stopping criteria, cache):
+processors, stopping criteria, cache; `dart_hf.routing` sends the first one here):
 
     target.generate(**inputs, assistant_model=draft)                      # after draft.bind(target)
     target.generate(**inputs, custom_generate=dart_generate, dart_draft=draft)
+
+The loop reads top to bottom in `_decode`: a `DecodeSetup` (what the call decodes with) and a `DecodeState` (what
+changes step by step), then one function per kind of step that the `StepPlanner` decides. Every step ends in
+`commit`, token by token, so processors, stopping criteria and the streamer see what vanilla `generate` shows them.
 """
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 from dataclasses import dataclass, field
 
 import torch
-from transformers import (
-    DynamicCache,
-    GenerationConfig,
-    LogitsProcessorList,
-    PreTrainedModel,
-    StoppingCriteriaList,
-    StopStringCriteria,
-)
+from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from . import sliding_window
-from .budget import (
-    AdaptiveBudget,
-    PolicyChoice,
-    calibrate_draft_costs,
-    calibrate_forward_costs,
-    calibration_key,
-)
+from .budget import FixedBudget, budget_controller
 from .features import forward_with_features, takes_logits_to_keep
 from .hardware import device_clock
-from .lookup import LookupTracker, find_continuations
 from .modeling_dart import DartDraftModel
-from .tree import BeamSearchTreePolicy, SampledChainPolicy, Tree, TopKTreePolicy, TreePolicy, check_positive_int
+from .options import (
+    DecodingOptions,
+    check_generation_config,
+    check_prompt_not_empty,
+    decoding_mode,
+    strip_left_padding,
+)
+from .planner import Step, StepPlanner
+from .stats import DartStats
+from .tree import BeamSearchTreePolicy, SampledChainPolicy, Tree, TopKTreePolicy, TreePolicy
 from .verify import accept, compact_cache, forward_tree
-
-# `tree_options` that steer the decode loop rather than the tree policy (the chain path has no use for them)
-DECODING_OPTIONS = ("adaptive", "lookup_length", "lookup_max_match", "sample_drafts", "compare_policies")
-
-
-@dataclass
-class DartStats:
-    """What one DART `generate` call did. Times are wall-clock seconds.
-
-    tau (mean acceptance length) = tokens committed by verify steps / verify steps, the bonus token included;
-    the token that follows the prompt comes from the prefill and is not counted in tau. Verify steps include the
-    `lookup_steps` (a context-lookup chain verified instead of a drafted tree); `budgets`, `tree_sizes` and
-    `tree_kinds` are the drafted trees' ("drawn": a chain of drawn tokens; "tree": a deterministic tree).
-    """
-
-    verify_steps: int = 0
-    new_tokens: int = 0
-    accepted_lengths: list[int] = field(default_factory=list)
-    tree_sizes: list[int] = field(default_factory=list)
-    budgets: list[int] = field(default_factory=list)
-    tree_kinds: list[str] = field(default_factory=list)
-    plain_steps: int = 0
-    lookup_steps: int = 0
-    prefill_time: float = 0.0
-    draft_time: float = 0.0
-    tree_time: float = 0.0
-    verify_time: float = 0.0
-    plain_time: float = 0.0
-    lookup_time: float = 0.0
-    total_time: float = 0.0
-
-    @property
-    def tau(self) -> float:
-        """Mean tokens committed per verify step (bonus token included); 0 without verify steps."""
-        return sum(self.accepted_lengths) / max(len(self.accepted_lengths), 1)
-
-    @property
-    def chosen_budget(self) -> int | None:
-        """The tree budget used most often (the adaptive controller's choice), None without verify steps."""
-        return max(set(self.budgets), key=self.budgets.count) if self.budgets else None
-
-    @property
-    def plain_fraction(self) -> float:
-        """Share of the decoding steps that fell back to plain decoding (drafting did not pay)."""
-        return self.plain_steps / max(self.plain_steps + self.verify_steps, 1)
-
-    @property
-    def lookup_fraction(self) -> float:
-        """Share of the decoding steps that verified a context-lookup chain."""
-        return self.lookup_steps / max(self.plain_steps + self.verify_steps, 1)
 
 
 def dart_generate(
@@ -111,31 +58,84 @@ def dart_generate(
     dart_draft: a `DartDraftModel` that fits `model` (bound to it, or to a model of the same shape: a copy, a
         fine-tune); it drafts with `model`'s embeddings for this call.
     dart_streamer: the user's streamer (`generate` drops `streamer` for custom functions; the router renames it).
-    tree_policy: builds each tree from the draft logits; default: the draft config's policy (`tree_*` fields).
-    tree_options: per-call overrides of the config's tree fields, named without the `tree_` prefix
+    tree_policy: builds each tree from the draft logits, used as given (no adaptive budget); default: the one the
+        options describe.
+    tree_options: per-call overrides of the draft config's tree fields, named without the `tree_` prefix
         (`{"budget": 30, "ngram_weight": 0.3, "policy": "topk", "adaptive": False, "lookup_length": 0}`), plus
-        `use_ngram=False` to ignore the draft's N-gram table; tree_budget / tree_top_k are shortcuts. When sampling,
-        `sample_drafts` (the config's `tree_sample_drafts`, default 0.7) > 0 drafts a chain of drawn tokens
-        (`sampled_chain_policy`) instead of the tree policy's deterministic tree; 0 keeps the tree. With
-        `compare_policies` (the config's `tree_compare_policies`, default on) and `adaptive`, each sampling step
-        drafts with whichever of the two the measured costs and acceptance make faster (`dart_hf.budget.PolicyChoice`:
-        the drawn chain where trees are dear, as on a CPU, the deterministic tree where they cost about one token).
+        `use_ngram=False` to ignore the draft's N-gram table; tree_budget / tree_top_k are shortcuts. Every option,
+        its default and its meaning: `dart_hf.options.DecodingOptions`.
 
-    With `adaptive` (the config's `tree_adaptive`, default on) the budget is the largest tree; each step uses the
-    budget that the measured forward costs and acceptance say is fastest, down to plain decoding steps when
-    drafting loses (`dart_hf.budget`; `draft.stats` reports the choice). A `tree_policy` object is used as given.
-    Adaptive decoding also weighs context lookup (`dart_hf.lookup`): when the last `lookup_max_match` tokens or
-    fewer occurred earlier, up to `lookup_length` tokens that followed them, verified as a chain instead of a
-    drafted tree when their measured acceptance makes that the fastest step (`lookup_length=0` turns it off).
+    With `adaptive` (default on) the budget is the largest tree; each step uses the budget that the measured forward
+    costs and acceptance say is fastest, down to plain decoding steps when drafting loses (`dart_hf.budget`), and
+    weighs verifying a context-lookup chain instead (`dart_hf.lookup`). When sampling, `sample_drafts` > 0 drafts a
+    chain of drawn tokens instead of the deterministic tree, or whichever of the two is faster with
+    `compare_policies`. `draft.stats` reports what the call did (`DartStats`).
     """
     draft = _checked_draft(dart_draft)
+    options = DecodingOptions.resolve(draft.config, tree_options, tree_budget, tree_top_k)
     with draft.generating_with(model):
         return _decode(
             model, draft, input_ids, logits_processor, stopping_criteria, generation_config,
-            dart_streamer if dart_streamer is not None else streamer, forward_streamer=dart_streamer is not None,
-            tree_policy=tree_policy, tree_options=tree_options, tree_budget=tree_budget, tree_top_k=tree_top_k,
-            **model_kwargs,
+            dart_streamer if dart_streamer is not None else streamer, dart_streamer is not None,
+            options, tree_policy, model_kwargs,
         )
+
+
+@dataclass
+class DecodeSetup:
+    """What one call decodes with, fixed for the call. policies: the tree policies a step may draft with (the
+    planner's `Step.arm` indexes them); adaptive: the controller picks the budgets (False with a user's
+    `tree_policy`); streamer_gets_prompt: the streamer was forwarded by the router and also receives the prompt,
+    as `generate` gives it to its own streamers."""
+
+    model: PreTrainedModel
+    draft: DartDraftModel
+    logits_processor: LogitsProcessorList
+    stopping_criteria: StoppingCriteriaList
+    generation_config: GenerationConfig
+    streamer: object | None
+    streamer_gets_prompt: bool
+    options: DecodingOptions
+    policies: list[TreePolicy]
+    adaptive: bool
+    clock: object  # `hardware.device_clock`: on an accelerator it waits for the device before each reading
+
+    @property
+    def feature_layers(self) -> list[int]:
+        return list(self.draft.config.feature_layers)
+
+    @property
+    def max_budgets(self) -> list[int]:
+        """The largest tree of each policy (nodes below the root)."""
+        return [getattr(policy, "budget", self.draft.config.tree_budget) for policy in self.policies]
+
+
+@dataclass
+class DecodeState:
+    """What changes step by step. input_ids: the committed tokens `[1, S]` without the left padding `pad_prefix`
+    `[1, P]`; cache: the target's KV cache over them (plus the tree in flight); draft_cache: the draft's; waiting:
+    target features `[1, T_i, 3H]` of positions the draft has not read yet, joined only when it runs; scores,
+    logits: per committed token `[1, V]`, kept when `return_dict_in_generate` asks for them."""
+
+    input_ids: torch.Tensor
+    pad_prefix: torch.Tensor
+    cache: DynamicCache
+    stats: DartStats
+    draft_cache: DynamicCache = field(default_factory=DynamicCache)
+    waiting: list[torch.Tensor] = field(default_factory=list)
+    planner: StepPlanner | None = None
+    scores: list[torch.Tensor] = field(default_factory=list)
+    logits: list[torch.Tensor] = field(default_factory=list)
+    stopped: bool = False
+
+    def with_padding(self) -> torch.Tensor:
+        """The sequence as vanilla `generate` holds it `[1, P + S]`: what processors, criteria and the caller see
+        (min_new_tokens and the like count from the padded prompt; penalties read the pad ids)."""
+        return torch.cat([self.pad_prefix, self.input_ids], dim=-1) if self.pad_prefix.shape[1] else self.input_ids
+
+    def room(self, max_length: int) -> int:
+        """Tokens the length limit lets in after the next one."""
+        return max(max_length - self.pad_prefix.shape[1] - self.input_ids.shape[1] - 1, 0)
 
 
 def _decode(
@@ -146,204 +146,212 @@ def _decode(
     stopping_criteria: StoppingCriteriaList,
     generation_config: GenerationConfig,
     streamer,
-    forward_streamer: bool,
+    streamer_gets_prompt: bool,
+    options: DecodingOptions,
     tree_policy: TreePolicy | None,
-    tree_options: dict | None,
-    tree_budget: int | None,
-    tree_top_k: int | None,
-    **model_kwargs,
+    model_kwargs: dict,
 ) -> GenerateDecoderOnlyOutput | torch.LongTensor:
-    """The decode loop of `dart_generate`, with `draft` bound to `model`. forward_streamer: the streamer was
-    forwarded by the router (it then also receives the prompt, as `generate` gives it to its own streamers)."""
-    _check_generation_options(input_ids, generation_config)
-    config = draft.config
-    options = dict(tree_options or {})
-    adaptive = options.pop("adaptive", config.tree_adaptive) and tree_policy is None
-    lookup_length = options.pop("lookup_length", config.tree_lookup_length)
-    lookup_max_match = options.pop("lookup_max_match", config.tree_lookup_max_match)
-    if isinstance(lookup_length, bool) or not isinstance(lookup_length, int) or lookup_length < 0:
-        raise ValueError(f"lookup_length must be an integer >= 0 (0 turns context lookup off), got {lookup_length!r}.")
-    check_positive_int("lookup_max_match", lookup_max_match, config.tree_lookup_max_match)
-    lookup_length = lookup_length if adaptive else 0  # whether a lookup pays is the controller's call
-    sample_drafts = options.pop("sample_drafts", config.tree_sample_drafts)
-    if not sample_drafts >= 0:
-        raise ValueError(f"sample_drafts must be >= 0 (0 keeps deterministic trees when sampling), got {sample_drafts}.")
-    compare_policies = options.pop("compare_policies", config.tree_compare_policies)
-    policies = [tree_policy]  # the policies a step may draft with (the controller's `arm` says which)
-    if tree_policy is None:
-        options.update({k: v for k, v in (("budget", tree_budget), ("top_k", tree_top_k)) if v is not None})
-        tree_policy = build_tree_policy(draft, eos_token_id=generation_config.eos_token_id, **options)
-        policies = [tree_policy]
-        if generation_config.do_sample and sample_drafts:  # drawn drafts; beside the tree, whichever is faster
-            chain = sampled_chain_policy(draft, tree_policy, sample_drafts, generation_config)
-            policies = [chain, tree_policy] if adaptive and compare_policies else [chain]
+    """The decode loop of `dart_generate`, with `draft` bound to `model`."""
+    check_generation_config(input_ids, generation_config)
+    adaptive = options.adaptive and tree_policy is None
+    policies = [tree_policy] if tree_policy is not None else step_policies(draft, options, generation_config)
+    setup = DecodeSetup(
+        model, draft, logits_processor, stopping_criteria, generation_config, streamer, streamer_gets_prompt,
+        options, policies, adaptive, device_clock(model.device),
+    )
+    state = new_state(setup, input_ids, model_kwargs)
+    start = setup.clock()
+    prefill(setup, state)
+    state.planner = step_planner(setup)
+    while not state.stopped:
+        step = state.planner.next_step(state.input_ids[0].cpu().numpy(), state.room(generation_config.max_length))
+        if step.kind == "lookup":
+            lookup_step(setup, state, step)
+        elif step.kind == "plain":
+            plain_step(setup, state, step)
+        else:
+            tree_step(setup, state, step)
+    state.stats.total_time = setup.clock() - start
+    state.planner.finish()
+    return finish(setup, state)
+
+
+def new_state(setup: DecodeSetup, input_ids: torch.Tensor, model_kwargs: dict) -> DecodeState:
+    """The state before the prefill: the prompt split from its left padding, the fresh cache `generate` made, and
+    `draft.stats` for this call. Refuses a cache that cannot hold trees and windows a tree would overrun."""
     cache = model_kwargs.get("cache")
     if not isinstance(cache, DynamicCache) or cache.get_seq_length() > 0:
         raise ValueError(
             "DART tree decoding needs a fresh DynamicCache; a static cache or a cache that already holds a prefix "
             "is not supported (drop `cache_implementation` / `past_key_values`)."
         )
-    max_budgets = [getattr(policy, "budget", config.tree_budget) for policy in policies]
-    _check_sliding_window(model, cache, generation_config.max_length, max(*max_budgets, lookup_length))
-
-    pad_prefix, input_ids = _strip_left_padding(input_ids, model_kwargs.get("attention_mask"))
+    longest_verify = max(*setup.max_budgets, setup.options.lookup_chain_length() if setup.adaptive else 0)
+    _check_sliding_window(setup.model, cache, setup.generation_config.max_length, longest_verify)
+    pad_prefix, input_ids = strip_left_padding(input_ids, model_kwargs.get("attention_mask"))
     check_prompt_not_empty(input_ids)
-    def with_padding() -> torch.Tensor:
-        """The sequence as vanilla `generate` holds it `[1, P + S]`: what processors, criteria and the caller see
-        (min_new_tokens and the like count from the padded prompt; penalties read the pad ids)."""
-        return torch.cat([pad_prefix, input_ids], dim=-1) if pad_prefix.shape[1] else input_ids
+    state = DecodeState(input_ids, pad_prefix, cache, DartStats())
+    setup.draft.stats = state.stats
+    if setup.streamer is not None and setup.streamer_gets_prompt:
+        setup.streamer.put(state.with_padding().cpu())
+    return state
 
-    if streamer is not None and forward_streamer:
-        streamer.put(with_padding().cpu())
-    stats = DartStats()
-    draft.stats = stats
-    clock = device_clock(model.device)  # on an accelerator, waits for the device before each reading
-    feature_layers = list(config.feature_layers)
-    keep_scores = generation_config.return_dict_in_generate and generation_config.output_scores
-    keep_logits = generation_config.return_dict_in_generate and generation_config.output_logits
-    scores, raw_logits = [], []
 
-    def commit(token: int, token_scores: torch.Tensor, token_logits: torch.Tensor) -> bool:
-        """Append one token; return True when generation must stop."""
-        nonlocal input_ids
-        input_ids = torch.cat([input_ids, input_ids.new_tensor([[token]])], dim=-1)
-        stats.new_tokens += 1
-        if keep_scores:
-            scores.append(token_scores)
-        if keep_logits:
-            raw_logits.append(token_logits)
-        if streamer is not None:
-            streamer.put(input_ids.new_tensor([token]).cpu())
-        return bool(stopping_criteria(with_padding(), None).all())
+def step_planner(setup: DecodeSetup) -> StepPlanner:
+    """The planner of the call: the adaptive controller (calibrating the costs on first use) with context lookup,
+    or a `FixedBudget` at the one policy's budget."""
+    if not setup.adaptive:
+        return StepPlanner(FixedBudget(setup.max_budgets[0]))
+    draft, lookup_length = setup.draft, setup.options.lookup_chain_length()
+    controller, evidence = budget_controller(
+        draft.controller_state, setup.model, draft, setup.max_budgets, lookup_length,
+        decoding_mode(setup.generation_config),
+    )
+    return StepPlanner(controller, lookup_length, setup.options.lookup_max_match, evidence, draft.step_observers)
 
+
+def prefill(setup: DecodeSetup, state: DecodeState) -> None:
+    """The target's forward over the prompt: commits the first new token; the prompt's features wait for the
+    draft."""
+    tick = setup.clock()
+    features, _ = forward_and_commit(setup, state, state.input_ids)
+    state.waiting.append(features)
+    state.stats.prefill_time = setup.clock() - tick
+
+
+def plain_step(setup: DecodeSetup, state: DecodeState, step: Step) -> None:
+    """One ordinary decoding step over the last token; its features wait for the draft's next step."""
+    tick = setup.clock()
+    features, forward_seconds = forward_and_commit(setup, state, state.input_ids[:, -1:])
+    state.waiting.append(features)
+    state.stats.plain_steps += 1
+    state.stats.plain_time += setup.clock() - tick
+    state.planner.record_plain(step, forward_seconds)
+
+
+def lookup_step(setup: DecodeSetup, state: DecodeState, step: Step) -> None:
+    """Verify the step's context-lookup tokens as a chain after the last committed token, without drafting."""
+    tick = setup.clock()
+    chain = Tree.chain([int(state.input_ids[0, -1])] + step.chain.tolist())
+    _, forward_seconds, accept_seconds = verify(setup, state, chain)
+    state.stats.lookup_steps += 1
+    state.stats.lookup_time += setup.clock() - tick
+    state.planner.record_lookup(step, accept_seconds, forward_seconds)
+
+
+def tree_step(setup: DecodeSetup, state: DecodeState, step: Step) -> None:
+    """Draft, build the step's tree with its policy, verify it."""
+    stats = state.stats
+    tick = setup.clock()
+    draft_logits = run_draft(setup, state, step.budget)
+    draft_seconds = setup.clock() - tick
+    stats.draft_time += draft_seconds
+
+    tick = setup.clock()
+    policy = setup.policies[step.arm]
+    budget = {"budget": step.budget} if setup.adaptive else {}  # a fixed policy builds its own budget's tree
+    tree = policy(draft_logits[0], state.input_ids[0], setup.draft.draft_to_target, **budget)
+    tree_seconds = setup.clock() - tick
+    stats.tree_time += tree_seconds
+
+    tick = setup.clock()
+    path, forward_seconds, accept_seconds = verify(setup, state, tree)
+    stats.verify_time += setup.clock() - tick
+    stats.tree_sizes.append(len(tree))
+    stats.budgets.append(step.budget)
+    stats.tree_kinds.append("drawn" if isinstance(policy, SampledChainPolicy) else "tree")
+    state.planner.record_tree(step, tree, path, draft_seconds + tree_seconds + accept_seconds, forward_seconds)
+
+
+def run_draft(setup: DecodeSetup, state: DecodeState, budget: int) -> torch.Tensor:
+    """The draft's logits `[1, L, V_d]` for the levels a tree of `budget` can reach: rows for the positions the
+    target processed since the last draft step, each with the token that follows it, then mask rows (a chain of
+    `budget` nodes at most; the draft's attention is causal, so fewer mask rows leave the kept levels' logits
+    unchanged)."""
+    features = torch.cat(state.waiting, dim=1) if len(state.waiting) > 1 else state.waiting[0]
+    state.waiting = []
+    num_masks = min(budget, setup.draft.config.draft_length) - 1
+    input_ids = state.input_ids[:, -features.shape[1] :]
+    logits = setup.draft(features, input_ids=input_ids, cache=state.draft_cache, num_masks=num_masks).logits
+    if num_masks > 0:
+        state.draft_cache.crop(-num_masks)
+    return logits
+
+
+def forward_and_commit(setup: DecodeSetup, state: DecodeState, new_ids: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """One ordinary target forward over `new_ids` `[1, T]` (the prompt at prefill, else the last token), then commit
+    the next token. Returns the features of those T positions `[1, T, 3H]` and the seconds of the forward."""
+    model = setup.model
     # only the last position's logits are used: skip the output layer elsewhere (a prompt's worth at prefill)
     last_logits_only = {"logits_to_keep": 1} if takes_logits_to_keep(model) else {}
+    tick = setup.clock()
+    outputs, features = forward_with_features(
+        model, setup.feature_layers, input_ids=new_ids, cache=state.cache, use_cache=True, **last_logits_only
+    )
+    token_logits = outputs.logits[:, -1].to(dtype=torch.float32, copy=True)
+    forward_seconds = setup.clock() - tick
+    token_scores = setup.logits_processor(state.with_padding(), token_logits)
+    token = choose_token(token_scores[0], setup.generation_config.do_sample)
+    state.stopped = commit(setup, state, token, token_scores, token_logits)
+    return features, forward_seconds
 
-    def plain_step(new_ids: torch.Tensor) -> tuple[torch.Tensor, bool, float]:
-        """One ordinary decoding step over `new_ids` `[1, T]` (the prompt at prefill, else the last token): commit
-        the next token; return the features of those T positions `[1, T, 3H]`, whether generation stops and the
-        seconds of the forward."""
-        tick = clock()
-        outputs, step_features = forward_with_features(
-            model, feature_layers, input_ids=new_ids, cache=cache, use_cache=True, **last_logits_only
-        )
-        token_logits = outputs.logits[:, -1].to(dtype=torch.float32, copy=True)
-        forward_seconds = clock() - tick
-        token_scores = logits_processor(with_padding(), token_logits)
-        token = choose_token(token_scores[0], generation_config.do_sample)
-        return step_features, commit(token, token_scores, token_logits), forward_seconds
 
-    start = clock()
-    prompt_features, stopped, _ = plain_step(input_ids)
-    waiting = [prompt_features]  # features `[1, T_i, 3H]` the draft has not read yet, joined only when it runs
-    stats.prefill_time = clock() - start
+def verify(setup: DecodeSetup, state: DecodeState, tree: Tree) -> tuple[list[int], float, float]:
+    """One target forward over `tree`; keep the accepted path's cache rows, commit its tokens. Returns the accepted
+    path (node indices, root first), the seconds of the forward and the seconds spent after it (acceptance, cache
+    compaction)."""
+    past_length = state.cache.get_seq_length()
+    rows, weight_major = state.planner.forward_layout(len(tree))
+    tick = setup.clock()
+    tree_logits, tree_features = forward_tree(
+        setup.model, tree, state.cache, setup.feature_layers, rows, weight_major
+    )
+    forward_done = setup.clock()
+    acceptance = accept(
+        tree, tree_logits, state.with_padding(), setup.logits_processor, setup.generation_config.do_sample
+    )
+    compact_cache(state.cache, past_length, acceptance.path)
+    accept_seconds = setup.clock() - forward_done
+    state.waiting.append(tree_features[acceptance.path].unsqueeze(0))
+    state.stats.verify_steps += 1
+    state.stats.accepted_lengths.append(len(acceptance.tokens))
+    for token, token_scores, token_logits in zip(acceptance.tokens, acceptance.scores, acceptance.logits):
+        state.stopped = commit(setup, state, token, token_scores, token_logits)
+        if state.stopped:
+            break
+    return acceptance.path, forward_done - tick, accept_seconds
 
-    mode = decoding_mode(generation_config)
-    controller = adaptive_budget(draft, model, max_budgets, lookup_length, mode) if adaptive else None
-    lookups = LookupTracker() if lookup_length else None
-    draft_cache = DynamicCache()
 
-    def verify(tree: Tree) -> tuple[list[int], float, float]:
-        """One target forward over `tree`; keep the accepted path's cache rows and commit its tokens. Returns the
-        accepted path, the seconds of the forward and the seconds spent after it (acceptance, cache compaction)."""
-        nonlocal stopped
-        past_len = cache.get_seq_length()
-        tick = clock()
-        rows = controller.costs.rows(len(tree)) if controller is not None else None  # padded where that is faster
-        weight_major = controller is not None and controller.costs.weight_major(rows)  # the faster layout there
-        tree_logits, tree_features = forward_tree(model, tree, cache, feature_layers, rows, weight_major)
-        forward_done = clock()
-        acceptance = accept(tree, tree_logits, with_padding(), logits_processor, generation_config.do_sample)
-        compact_cache(cache, past_len, acceptance.path)
-        accept_seconds = clock() - forward_done
-        waiting.append(tree_features[acceptance.path].unsqueeze(0))
-        stats.verify_steps += 1
-        stats.accepted_lengths.append(len(acceptance.tokens))
-        for token, token_scores, token_logits in zip(acceptance.tokens, acceptance.scores, acceptance.logits):
-            stopped = commit(token, token_scores, token_logits)
-            if stopped:
-                break
-        return acceptance.path, forward_done - tick, accept_seconds
+def commit(
+    setup: DecodeSetup, state: DecodeState, token: int, token_scores: torch.Tensor, token_logits: torch.Tensor
+) -> bool:
+    """Append one token (with its processed scores and raw logits `[1, V]`); return True when generation must
+    stop."""
+    state.input_ids = torch.cat([state.input_ids, state.input_ids.new_tensor([[token]])], dim=-1)
+    state.stats.new_tokens += 1
+    config = setup.generation_config
+    if config.return_dict_in_generate and config.output_scores:
+        state.scores.append(token_scores)
+    if config.return_dict_in_generate and config.output_logits:
+        state.logits.append(token_logits)
+    if setup.streamer is not None:
+        setup.streamer.put(state.input_ids.new_tensor([token]).cpu())
+    return bool(setup.stopping_criteria(state.with_padding(), None).all())
 
-    while not stopped:
-        if lookups is not None:  # score earlier continuations on what was committed since, then look up this one
-            context = input_ids[0].cpu().numpy()
-            for kind, matched in lookups.resolve(context):
-                controller.lookup.record(kind, matched)
-            candidates = find_continuations(context, lookup_max_match, lookup_length)
-            for kind, continuation in candidates:
-                lookups.propose(context, kind, continuation)
-            # a chain of k tokens commits up to k + 1: verifying more than the length limit lets in is waste
-            room = max(generation_config.max_length - pad_prefix.shape[1] - input_ids.shape[1] - 1, 0)
-            chosen, length = controller.lookup_choice([(kind, min(c.size, room)) for kind, c in candidates])
-            if length:  # verify the chosen continuation's first `length` tokens as a chain, without drafting
-                tick = clock()
-                chain = [int(context[-1])] + candidates[chosen][1][:length].tolist()
-                _, forward_seconds, accept_seconds = verify(Tree.chain(chain))
-                stats.lookup_steps += 1
-                stats.lookup_time += clock() - tick
-                controller.record_lookup_step(accept_seconds, length + 1, forward_seconds)
-                continue
 
-        budget = controller.next_budget() if controller is not None else max_budgets[0]
-        if budget == 0:  # plain decoding step; its features wait for the draft's next step
-            tick = clock()
-            step_features, stopped, forward_seconds = plain_step(input_ids[:, -1:])
-            waiting.append(step_features)
-            stats.plain_steps += 1
-            stats.plain_time += clock() - tick
-            controller.record_plain_step(forward_seconds)
-            continue
-
-        # draft: rows for the positions the target processed since the last draft step, each with the token that
-        # follows it, then mask rows for the levels a tree of this budget can reach (a chain of `budget` nodes at
-        # most; the draft's attention is causal, so fewer mask rows leave the kept levels' logits unchanged)
-        tick = clock()
-        features = torch.cat(waiting, dim=1) if len(waiting) > 1 else waiting[0]
-        waiting = []
-        num_masks = min(budget, config.draft_length) - 1
-        draft_logits = draft(
-            features, input_ids=input_ids[:, -features.shape[1] :], cache=draft_cache, num_masks=num_masks
-        ).logits
-        if num_masks > 0:
-            draft_cache.crop(-num_masks)
-        draft_seconds = clock() - tick
-        stats.draft_time += draft_seconds
-
-        tick = clock()
-        if controller is not None:
-            step_policy = policies[controller.arm]
-            tree = step_policy(draft_logits[0], input_ids[0], draft.draft_to_target, budget=budget)
-        else:
-            step_policy = policies[0]
-            tree = step_policy(draft_logits[0], input_ids[0], draft.draft_to_target)
-        tree_seconds = clock() - tick
-        stats.tree_time += tree_seconds
-
-        tick = clock()
-        path, forward_seconds, accept_seconds = verify(tree)
-        stats.verify_time += clock() - tick
-        stats.tree_sizes.append(len(tree))
-        stats.budgets.append(budget)
-        stats.tree_kinds.append("drawn" if isinstance(step_policy, SampledChainPolicy) else "tree")
-        if controller is not None:
-            controller.record_step(tree, path, budget, draft_seconds + tree_seconds + accept_seconds, forward_seconds)
-    stats.total_time = clock() - start
-    if controller is not None:  # probes are spaced over the decoding stream: the next call goes on counting
-        evidence = draft.controller_state.evidence.current
-        evidence.plain_run, evidence.lost_probes = controller.plain_run, controller.lost_probes
-
-    if streamer is not None:
-        streamer.end()
-    sequences = with_padding()
-    if generation_config.return_dict_in_generate:
-        return GenerateDecoderOnlyOutput(
-            sequences=sequences,
-            scores=tuple(scores) if keep_scores else None,
-            logits=tuple(raw_logits) if keep_logits else None,
-            cache=cache,
-        )
-    return sequences
+def finish(setup: DecodeSetup, state: DecodeState) -> GenerateDecoderOnlyOutput | torch.LongTensor:
+    """End the streamer; the sequence with its padding, in `generate`'s output form."""
+    if setup.streamer is not None:
+        setup.streamer.end()
+    sequences = state.with_padding()
+    config = setup.generation_config
+    if not config.return_dict_in_generate:
+        return sequences
+    return GenerateDecoderOnlyOutput(
+        sequences=sequences,
+        scores=tuple(state.scores) if config.output_scores else None,
+        logits=tuple(state.logits) if config.output_logits else None,
+        cache=state.cache,
+    )
 
 
 def choose_token(scores: torch.Tensor, do_sample: bool) -> int:
@@ -353,83 +361,38 @@ def choose_token(scores: torch.Tensor, do_sample: bool) -> int:
     return int(scores.argmax())
 
 
-def adaptive_budget(
-    draft: DartDraftModel,
-    target: PreTrainedModel,
-    max_budgets: list[int],
-    max_chain: int = 0,
-    mode: tuple = ("greedy",),
-) -> AdaptiveBudget | PolicyChoice:
-    """The budget controller for one `generate` call in decoding `mode` (`decoding_mode`), from the draft's
-    `controller_state`: the target's forward costs (calibrated once per model and machine for trees up to the
-    largest of `max_budgets` or `max_chain` lookup tokens), the draft's own forward costs per level
-    (`calibrate_draft_costs`, once per draft), and `mode`'s evidence (acceptance, lookup outcomes, plain steps since
-    the last probe) with the recent forwards' timings.
-    One largest budget per tree policy: an `AdaptiveBudget` for one, a `PolicyChoice` between two (the drawn chain,
-    then the deterministic tree), each with its own acceptance evidence. The tree beats the chain only with more
-    nodes than the chain has levels, so it is weighed only where a tree of twice as many nodes costs at most two
-    one-token forwards (a GPU); on a CPU, where it costs more, the chain alone drafts (weighing both measured 1-2%
-    slower there: docs/HISTORY.md)."""
-    if len(max_budgets) > 2:
-        raise ValueError(f"adaptive_budget weighs at most two tree policies, got {len(max_budgets)}.")
-    state = draft.controller_state
-    evidence = state.evidence.select_mode(mode)
-    max_nodes = max(*max_budgets, max_chain) + 1
-    key = calibration_key(target)
-    costs = state.costs_for(key)
-    if costs is None or costs.node_counts[-1] < max_nodes:
-        costs = state.forward_costs[key] = calibrate_forward_costs(target, list(draft.config.feature_layers), max_nodes)
-    if state.draft_costs is None:
-        state.draft_costs = calibrate_draft_costs(draft)
-    # forwards padded to a faster size never run more rows than the largest tree
-    costs = dataclasses.replace(costs, max_rows=max_nodes)
-    controllers = [
-        AdaptiveBudget(
-            costs, max_budget, history, lookup=evidence.lookup, timings=state.evidence.timings,
-            plain_run=evidence.plain_run, lost_probes=evidence.lost_probes, draft_costs=state.draft_costs,
-            timed=not state.pinned,
-        )
-        for history, max_budget in zip((evidence.acceptance, evidence.second_policy_acceptance), max_budgets)
-    ]
-    chain = controllers[0]
-    if len(controllers) == 1 or chain.costs(2 * chain.max_budget + 1) > chain.first_cost * chain.costs(1):
-        return chain
-    return PolicyChoice(controllers)
+def step_policies(
+    draft: DartDraftModel, options: DecodingOptions, generation_config: GenerationConfig
+) -> list[TreePolicy]:
+    """The tree policies a call's steps may draft with: the options' tree; when sampling with `sample_drafts`, the
+    drawn chain instead, or the chain then the tree when the adaptive controller weighs both (`compare_policies`)."""
+    tree_policy = draft_tree_policy(draft, options, eos_token_id=generation_config.eos_token_id)
+    if not (generation_config.do_sample and options.sample_drafts):
+        return [tree_policy]
+    chain = sampled_chain_policy(draft, tree_policy, options.sample_drafts, generation_config)
+    return [chain, tree_policy] if options.adaptive and options.compare_policies else [chain]
 
 
-def decoding_mode(generation_config: GenerationConfig) -> tuple:
-    """What decides a tree's acceptance besides the text: greedy, or sampling with its temperature and truncation
-    (T=1 accepts far fewer drafted tokens than greedy decoding of the same text)."""
-    if not generation_config.do_sample:
-        return ("greedy",)
-    warpers = ("temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff")
-    return ("sample",) + tuple(getattr(generation_config, name, None) for name in warpers)
-
-
-def build_tree_policy(draft: DartDraftModel, eos_token_id: int | list[int] | None = None, **options) -> TreePolicy:
-    """The tree policy of the draft's config (`tree_*` fields), with `options` (names without `tree_`) on top.
-    eos_token_id: the ids the beam search ranks last (default: the draft config's)."""
-    fields = ("policy", "budget", "top_k", "beam_width", "level_decay", "logit_decay", "ngram_weight",
-              "ngram_at_root", "full_softmax")
-    use_ngram = options.pop("use_ngram", True)  # False: search without the draft's N-gram table
-    unknown = set(options) - set(fields)
-    if unknown:
-        valid = [*fields, "use_ngram", *DECODING_OPTIONS]
-        raise ValueError(f"Unknown tree option(s) {sorted(unknown)}; valid options: {valid}.")
-    settings = {name: options.get(name, getattr(draft.config, f"tree_{name}")) for name in fields}
-    policy = settings.pop("policy")
-    if policy == "topk":
-        return TopKTreePolicy(budget=settings["budget"], top_k=settings["top_k"])
-    if policy != "beam":
-        raise ValueError(f"Unknown tree policy {policy!r}; use 'beam' or 'topk'.")
-    ngram = draft.ngram if use_ngram else None
+def draft_tree_policy(
+    draft: DartDraftModel, options: DecodingOptions | None = None, eos_token_id: int | list[int] | None = None
+) -> TreePolicy:
+    """The tree policy `options` describe (default: the draft config's), searching with the draft's N-gram table
+    unless `use_ngram` is off. eos_token_id: the ids the beam search ranks last (default: the draft config's)."""
+    options = options if options is not None else DecodingOptions.from_config(draft.config)
+    if options.policy == "topk":
+        return TopKTreePolicy(budget=options.budget, top_k=options.top_k)
+    ngram = draft.ngram if options.use_ngram else None
     if ngram is not None:
         ngram.check_fits(draft.config.vocab_size)
     eos = draft.config.eos_token_id if eos_token_id is None else eos_token_id
     if isinstance(eos, torch.Tensor):
         eos = eos.tolist()
     eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
-    return BeamSearchTreePolicy(ngram=ngram, eos_token_ids=eos_ids, **settings)
+    return BeamSearchTreePolicy(
+        budget=options.budget, top_k=options.top_k, beam_width=options.beam_width, level_decay=options.level_decay,
+        logit_decay=options.logit_decay, ngram_weight=options.ngram_weight, ngram_at_root=options.ngram_at_root,
+        full_softmax=options.full_softmax, ngram=ngram, eos_token_ids=eos_ids,
+    )
 
 
 def sampled_chain_policy(
@@ -446,122 +409,6 @@ def sampled_chain_policy(
     )
 
 
-class GenerateRouter:
-    """`target.generate` after `draft.bind(target)`: an `assistant_model` that is a `DartDraftModel` goes to
-    `dart_generate` (through `generate`'s own preparation), or with `dart_chain=True` to Transformers' own assisted
-    decoding fed by `DartCandidateGenerator`; everything else goes to the model's own `generate` unchanged.
-
-    It holds its model by reference, as an attribute rather than a closure, so that `copy.deepcopy(model)` and
-    pickling give the copy a router of the copy (a closure over the original's bound `generate` would make the copy
-    generate with the original's weights). `previous` is an instance-level `generate` it replaced (None: the
-    class's)."""
-
-    def __init__(self, model: PreTrainedModel, previous=None):
-        self.model = model
-        self.previous = previous
-
-    def __reduce__(self):
-        return type(self), (self.model, self.previous)
-
-    @property
-    def __wrapped__(self):  # `inspect.signature` and `help` see the model's own `generate`
-        return self.own_generate
-
-    @property
-    def own_generate(self):
-        """The model's `generate` without DART routing, bound to the model."""
-        return self.previous if self.previous is not None else type(self.model).generate.__get__(self.model)
-
-    def __call__(self, *args, assistant_model=None, **kwargs):
-        generate = self.own_generate
-        if not isinstance(assistant_model, DartDraftModel):
-            return generate(*args, assistant_model=assistant_model, **kwargs)
-        if kwargs.get("custom_generate") is not None:
-            raise ValueError("Pass either `assistant_model=<DART draft>` or `custom_generate=`, not both.")
-        if kwargs.pop("dart_chain", False):  # Transformers' own assisted decoding, with DART's chain candidates
-            from .candidates import dart_candidate_generator
-
-            _check_chain_options(kwargs, self.model.generation_config)
-
-            tree_options = dict(kwargs.pop("tree_options", None) or {})
-            for option in DECODING_OPTIONS:
-                tree_options.pop(option, None)
-            generation_config = kwargs.get("generation_config") or self.model.generation_config
-            eos = kwargs.get("eos_token_id", generation_config.eos_token_id)
-            policy = build_tree_policy(assistant_model, eos_token_id=eos, **tree_options)
-            with assistant_model.generating_with(self.model), dart_candidate_generator(
-                self.model, assistant_model, policy
-            ):
-                return generate(*args, assistant_model=assistant_model, **kwargs)
-        # `generate` drops `streamer` and `tokenizer` for custom functions: forward the streamer under another
-        # name, and turn `stop_strings` (which needs the tokenizer) into a stopping criterion here
-        streamer = kwargs.pop("streamer", None)
-        _move_stop_strings_to_criteria(kwargs)
-        return generate(
-            *args, custom_generate=dart_generate, dart_draft=assistant_model, dart_streamer=streamer, **kwargs
-        )
-
-
-def install_generate_router(target: PreTrainedModel) -> None:
-    """Route `target.generate(..., assistant_model=<DART draft>)` to DART (`GenerateRouter`); idempotent."""
-    current = vars(target).get("generate")
-    if isinstance(current, GenerateRouter) and current.model is target:
-        return
-    if isinstance(current, GenerateRouter):  # copied onto another instance by hand: route for this one
-        current = current.previous
-    target.generate = GenerateRouter(target, previous=current)
-
-
-def remove_generate_router(target: PreTrainedModel) -> None:
-    """Give `target` back the `generate` it had before `install_generate_router`."""
-    current = vars(target).get("generate")
-    if not isinstance(current, GenerateRouter):
-        return
-    del target.generate
-    if current.previous is not None:
-        target.generate = current.previous
-
-
-def _check_chain_options(kwargs: dict, model_config: GenerationConfig) -> None:
-    """Refuse what Transformers' assisted decoding (the `dart_chain` path) does not reproduce exactly: it checks
-    stop strings and stopping criteria once per accepted chunk of tokens (a stop inside the chunk is run past), and
-    it scores a whole chunk per call, which classifier-free guidance's one-token-per-call cache does not follow."""
-    generation_config = kwargs.get("generation_config") or model_config
-    stop_strings = kwargs.get("stop_strings", generation_config.stop_strings)
-    fix = "Drop dart_chain: DART's tree decoding runs them exactly, token by token as vanilla `generate` does."
-    if stop_strings or kwargs.get("stopping_criteria"):
-        raise ValueError(
-            "dart_chain=True runs Transformers' assisted decoding, which checks stop strings and stopping criteria "
-            f"once per accepted chunk of tokens and can run past them. {fix}"
-        )
-    guidance_scale = kwargs.get("guidance_scale", generation_config.guidance_scale)
-    if guidance_scale is not None and guidance_scale != 1:
-        raise ValueError(
-            "dart_chain=True runs Transformers' assisted decoding, whose chunks classifier-free guidance "
-            f"(guidance_scale={guidance_scale}) does not score as vanilla `generate` does. {fix}"
-        )
-
-
-def _move_stop_strings_to_criteria(kwargs: dict) -> None:
-    tokenizer = kwargs.pop("tokenizer", None)
-    stop_strings = kwargs.pop("stop_strings", None)
-    generation_config = kwargs.get("generation_config")
-    if stop_strings is None and generation_config is not None and generation_config.stop_strings is not None:
-        generation_config = copy.deepcopy(generation_config)
-        stop_strings, generation_config.stop_strings = generation_config.stop_strings, None
-        kwargs["generation_config"] = generation_config
-    if stop_strings is None:
-        return
-    if tokenizer is None:
-        raise ValueError(
-            "There are one or more stop strings, either in the arguments to `generate` or in the model's generation "
-            "config, but no tokenizer was passed: pass `tokenizer=tokenizer` to `generate`."
-        )
-    criteria = StoppingCriteriaList(kwargs.pop("stopping_criteria", None) or [])
-    criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stop_strings))
-    kwargs["stopping_criteria"] = criteria
-
-
 def _checked_draft(draft: DartDraftModel | None) -> DartDraftModel:
     if not isinstance(draft, DartDraftModel):
         raise ValueError(
@@ -570,27 +417,6 @@ def _checked_draft(draft: DartDraftModel | None) -> DartDraftModel:
             f"`draft.bind(target)`. Got dart_draft={type(draft).__name__}."
         )
     return draft
-
-
-def _check_generation_options(input_ids: torch.Tensor, generation_config: GenerationConfig) -> None:
-    if generation_config.num_beams != 1:
-        raise ValueError(f"DART tree decoding cannot run beam search (num_beams={generation_config.num_beams}).")
-    if generation_config.num_return_sequences != 1:
-        raise ValueError("DART tree decoding returns one sequence: set num_return_sequences=1.")
-    if generation_config.use_cache is False:
-        raise ValueError(
-            "DART tree decoding keeps the target's KV cache to verify each tree against it: drop use_cache=False."
-        )
-    if generation_config.cache_implementation not in (None, "dynamic"):
-        raise ValueError(
-            f"DART tree decoding needs a DynamicCache; cache_implementation={generation_config.cache_implementation!r} "
-            "is not supported."
-        )
-    if input_ids.shape[0] != 1:
-        raise ValueError(
-            f"DART tree decoding supports batch size 1 only for now (got a batch of {input_ids.shape[0]}); "
-            "batching is not supported yet: generate one sequence per call."
-        )
 
 
 def _check_sliding_window(model: PreTrainedModel, cache: DynamicCache, max_length: int, tree_budget: int) -> None:
@@ -610,22 +436,3 @@ def _check_sliding_window(model: PreTrainedModel, cache: DynamicCache, max_lengt
             )
 
 
-def check_prompt_not_empty(input_ids: torch.Tensor) -> None:
-    """Raise a ValueError with the fix when `input_ids` `[1, S]` (padding stripped) holds no token."""
-    if input_ids.shape[-1] == 0:
-        raise ValueError(
-            "The prompt is empty (or all padding): DART decoding starts from at least one prompt token. Pass a "
-            "non-empty prompt, e.g. one that begins with the tokenizer's BOS token."
-        )
-
-
-def _strip_left_padding(
-    input_ids: torch.Tensor, attention_mask: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Split a left-padded single sequence into (padding `[1, P]`, real tokens `[1, S - P]`)."""
-    if attention_mask is None or bool(attention_mask.all()):
-        return input_ids[:, :0], input_ids
-    num_pad = int((attention_mask[0] == 0).sum())
-    if bool(attention_mask[0, :num_pad].any()) or not bool(attention_mask[0, num_pad:].all()):
-        raise ValueError("DART tree decoding accepts left padding only: the attention_mask must be 0...0 1...1.")
-    return input_ids[:, :num_pad], input_ids[:, num_pad:]

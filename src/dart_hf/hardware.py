@@ -1,7 +1,7 @@
 """What this machine computes with: the processor's name and bfloat16 features, the dtype a target runs fastest
 in where the user does not choose one, and a clock that times what a device did.
 
-The processor description is part of every calibration key (`budget.calibration_key`): a tree forward's cost
+The processor description is part of every calibration key (`costs.calibration_key`): a tree forward's cost
 relative to one token differs several-fold between a CPU with bfloat16 matrix units and one without, so two machines
 that share a name ("AMD EPYC") and a thread count but not those units must not share measured costs.
 """

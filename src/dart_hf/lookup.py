@@ -31,10 +31,9 @@ def find_continuations(context: np.ndarray, max_match: int, length: int) -> list
     context: `[S]` token ids (the last one is the step's root). Returns a list of (kind, up to `length` tokens),
     empty when not even the last token occurs earlier. kind = (n, whether the occurrences disagree on the token
     that follows, "latest" or "earliest"): the controller keeps evidence per kind, and they hold at very different
-    rates. On the benchmark sets' greedy outputs (40 prompts each, 32 tokens; `benchmarks/lookup_replay.py`),
-    after three-token matches whose occurrences disagree, the latest occurrence's continuation started correctly
-    14% of the time and the earliest's 49% (code: the definition comes first, its later uses vary); after
-    agreeing ones, about 80%.
+    rates (after matches whose occurrences disagree, the earliest occurrence's continuation holds far more often
+    than the latest's in code, where the definition comes first and its later uses vary; `benchmarks/lookup_replay.py`
+    measures them: `docs/decoding.md`, "Measurements behind the code").
     """
     size = context.shape[0]
     for match in range(min(max_match, size - 1), 0, -1):

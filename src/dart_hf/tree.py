@@ -18,15 +18,7 @@ import torch
 
 from .kernels.tree_mask import ancestor_matrix
 from .ngram import NgramTable
-
-
-def check_positive_int(name: str, value, default: int) -> None:
-    """Raise a ValueError naming `name` and the fix unless `value` is an integer >= 1 (a bool is not one)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(
-            f"{name} must be a positive integer, got {value!r}. Pass an integer >= 1 (the default is {default}); "
-            "to decode without a draft, call `generate` without `assistant_model`."
-        )
+from .options import DecodingOptions, check_positive_int
 
 
 def check_sizes(policy, *names: str) -> None:
@@ -137,8 +129,8 @@ class TopKTreePolicy:
     cost is O(budget log budget) and independent of the vocabulary after the per-level top-k.
     """
 
-    budget: int = 60
-    top_k: int = 25
+    budget: int = DecodingOptions.budget
+    top_k: int = DecodingOptions.top_k
 
     def __post_init__(self):
         check_sizes(self, "budget", "top_k")
@@ -197,14 +189,14 @@ class BeamSearchTreePolicy:
     with `full_softmax` (paper).
     """
 
-    budget: int = 60
-    top_k: int = 25
-    beam_width: int = 20
-    level_decay: float = 0.7
-    logit_decay: float = 0.9
-    ngram_weight: float = 0.5
-    ngram_at_root: bool = False
-    full_softmax: bool = False
+    budget: int = DecodingOptions.budget
+    top_k: int = DecodingOptions.top_k
+    beam_width: int = DecodingOptions.beam_width
+    level_decay: float = DecodingOptions.level_decay
+    logit_decay: float = DecodingOptions.logit_decay
+    ngram_weight: float = DecodingOptions.ngram_weight
+    ngram_at_root: bool = DecodingOptions.ngram_at_root
+    full_softmax: bool = DecodingOptions.full_softmax
     ngram: NgramTable | None = None
     eos_token_ids: tuple[int, ...] = ()
 
@@ -339,11 +331,11 @@ class SampledChainPolicy:
     """
 
     budget: int = 8
-    temperature: float = 0.7
+    temperature: float = DecodingOptions.sample_drafts
     vocab_size: int = 0
     ngram: NgramTable | None = None
-    ngram_weight: float = 0.5
-    top_k: int = 25
+    ngram_weight: float = DecodingOptions.ngram_weight
+    top_k: int = DecodingOptions.top_k
 
     def __post_init__(self):
         check_sizes(self, "budget", "top_k")

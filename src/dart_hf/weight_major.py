@@ -1,14 +1,11 @@
 """How the verify forward multiplies a few rows on a CPU: weight first.
 
 An `nn.Linear` computes x @ W.T for its input rows x `[M, K]`. For a handful of rows (a small tree), MKL's float32
-kernels on this project's 2-core CPU run that product far slower than the same product taken as (W @ x.T).T: for
-SmolLM2-135M at a 200-token context a whole forward over 4 tree nodes took 105 ms the usual way and 61 ms weight
-first, about what one token's forward takes (68 ms), and 2 nodes 94 against 61 ms (scratch). At a 300-token context,
-medians of 12 interleaved runs in one-token forwards, the usual way / weight first: 2 nodes 1.63 / 1.06, 4 nodes
-1.66 / 1.10, 5 nodes 1.68 / 1.41, 8 nodes 1.81 / 1.73, 13 nodes 2.16 / 2.44 (`python
-benchmarks/bench_tree_forward.py --parts layouts`, `benchmarks/results/bench_weight_major.json`). Which layout is
-faster at each size is a property of the machine, so it is measured with the forward costs
-(`dart_hf.budget.calibrate_forward_costs`), and `forward_tree` takes the weight-major product at the sizes where
+kernels on some CPUs run that product far slower than the same product taken as (W @ x.T).T, which then costs about
+what one token's forward does; from some tens of rows on the usual way is faster again (the measurements:
+`docs/decoding.md`, "Measurements behind the code"; `python benchmarks/bench_tree_forward.py --parts layouts`).
+Which layout is faster at each size is a property of the machine, so it is measured with the forward costs
+(`dart_hf.costs.calibrate_forward_costs`), and `forward_tree` takes the weight-major product at the sizes where
 it won.
 
 Within `weight_major_linears(model)` the model's `nn.Linear` layers compute (W @ x.T).T, made contiguous (the

