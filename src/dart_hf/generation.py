@@ -86,7 +86,9 @@ class DecodeSetup:
     """What one call decodes with, fixed for the call. policies: the tree policies a step may draft with (the
     planner's `Step.arm` indexes them); adaptive: the controller picks the budgets (False with a user's
     `tree_policy`); streamer_gets_prompt: the streamer was forwarded by the router and also receives the prompt,
-    as `generate` gives it to its own streamers."""
+    as `generate` gives it to its own streamers; feature_layers: the target's hidden states the draft reads;
+    last_logits_only: the forward arguments that skip the output layer but at the last position (a prompt's worth of
+    logits at prefill), where the model takes them."""
 
     model: PreTrainedModel
     draft: DartDraftModel
@@ -99,10 +101,8 @@ class DecodeSetup:
     policies: list[TreePolicy]
     adaptive: bool
     clock: object  # `hardware.device_clock`: on an accelerator it waits for the device before each reading
-
-    @property
-    def feature_layers(self) -> list[int]:
-        return list(self.draft.config.feature_layers)
+    feature_layers: list[int]
+    last_logits_only: dict
 
     @property
     def max_budgets(self) -> list[int]:
@@ -157,7 +157,8 @@ def _decode(
     policies = [tree_policy] if tree_policy is not None else step_policies(draft, options, generation_config)
     setup = DecodeSetup(
         model, draft, logits_processor, stopping_criteria, generation_config, streamer, streamer_gets_prompt,
-        options, policies, adaptive, device_clock(model.device),
+        options, policies, adaptive, device_clock(model.device), list(draft.config.feature_layers),
+        {"logits_to_keep": 1} if takes_logits_to_keep(model) else {},
     )
     state = new_state(setup, input_ids, model_kwargs)
     start = setup.clock()
@@ -280,12 +281,10 @@ def run_draft(setup: DecodeSetup, state: DecodeState, budget: int) -> torch.Tens
 def forward_and_commit(setup: DecodeSetup, state: DecodeState, new_ids: torch.Tensor) -> tuple[torch.Tensor, float]:
     """One ordinary target forward over `new_ids` `[1, T]` (the prompt at prefill, else the last token), then commit
     the next token. Returns the features of those T positions `[1, T, 3H]` and the seconds of the forward."""
-    model = setup.model
-    # only the last position's logits are used: skip the output layer elsewhere (a prompt's worth at prefill)
-    last_logits_only = {"logits_to_keep": 1} if takes_logits_to_keep(model) else {}
     tick = setup.clock()
     outputs, features = forward_with_features(
-        model, setup.feature_layers, input_ids=new_ids, cache=state.cache, use_cache=True, **last_logits_only
+        setup.model, setup.feature_layers, input_ids=new_ids, cache=state.cache, use_cache=True,
+        **setup.last_logits_only,
     )
     token_logits = outputs.logits[:, -1].to(dtype=torch.float32, copy=True)
     forward_seconds = setup.clock() - tick
