@@ -285,7 +285,7 @@ def test_switching_between_drawn_chains_and_trees_samples_the_exact_target_distr
                     tree_options={**no_lookup, "compare_policies": False}, **kwargs)
     assert set(draft.stats.tree_kinds) == {"drawn"}
 
-    monkeypatch.setattr(dart_hf.generation, "PolicyChoice", AlternatingChoice)
+    monkeypatch.setattr(dart_hf.budget, "PolicyChoice", AlternatingChoice)
     torch.manual_seed(0)
     observed, kinds = Counter(), Counter()
     for _ in range(SAMPLES):
