@@ -40,14 +40,17 @@ class Step:
 
 @dataclass
 class StepOutcome:
-    """What a step cost, as the planner is told it: the nodes of its target forward (root included; 1 for a plain
-    step), that forward's seconds, and the step's seconds outside it (draft, tree search, acceptance, cache
-    compaction). Observers receive one per step, with the planner."""
+    """What a step did, as the planner is told it: the nodes of its target forward (root included; 1 for a plain
+    step), that forward's seconds, the step's seconds outside it (draft, tree search, acceptance, cache
+    compaction), and for a drafted tree the tree with its accepted node path (root first). Observers receive one
+    per step, with the planner."""
 
     step: Step
     nodes: int
     forward_seconds: float | None
     overhead_seconds: float
+    tree: Tree | None = None
+    path: list[int] | None = None
 
 
 class StepPlanner:
@@ -106,7 +109,7 @@ class StepPlanner:
     ) -> None:
         """After a verified tree: `path` is its accepted node path, root first."""
         self.controller.record_step(tree, path, step.budget, overhead_seconds, forward_seconds)
-        self._observe(StepOutcome(step, len(tree), forward_seconds, overhead_seconds))
+        self._observe(StepOutcome(step, len(tree), forward_seconds, overhead_seconds, tree, path))
 
     def finish(self) -> None:
         """The call is over: save what the next call goes on from."""
