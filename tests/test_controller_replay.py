@@ -5,7 +5,6 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-
 sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
 from controller_replay import replay_prompt  # noqa: E402
 
