@@ -21,7 +21,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
 from _common import report
 
 from dart_hf.bench import BENCHMARK_SETS, bootstrap_interval, speedup
