@@ -105,6 +105,11 @@ class DecodeSetup:
     last_logits_only: dict
 
     @property
+    def lookup_length(self) -> int:
+        """The longest context-lookup chain a step may verify (0 without the adaptive controller)."""
+        return self.options.lookup_chain_length() if self.adaptive else 0
+
+    @property
     def max_budgets(self) -> list[int]:
         """The largest tree of each policy (nodes below the root)."""
         return [getattr(policy, "budget", self.draft.config.tree_budget) for policy in self.policies]
@@ -165,7 +170,7 @@ def _decode(
     prefill(setup, state)
     state.planner = step_planner(setup)
     while not state.stopped:
-        step = state.planner.next_step(state.input_ids[0].cpu().numpy(), state.room(generation_config.max_length))
+        step = state.planner.next_step(state.input_ids[0], state.room(generation_config.max_length))
         if step.kind == "lookup":
             lookup_step(setup, state, step)
         elif step.kind == "plain":
@@ -186,7 +191,7 @@ def new_state(setup: DecodeSetup, input_ids: torch.Tensor, model_kwargs: dict) -
             "DART tree decoding needs a fresh DynamicCache; a static cache or a cache that already holds a prefix "
             "is not supported (drop `cache_implementation` / `past_key_values`)."
         )
-    longest_verify = max(*setup.max_budgets, setup.options.lookup_chain_length() if setup.adaptive else 0)
+    longest_verify = max(*setup.max_budgets, setup.lookup_length)
     _check_sliding_window(setup.model, cache, setup.generation_config.max_length, longest_verify)
     pad_prefix, input_ids = strip_left_padding(input_ids, model_kwargs.get("attention_mask"))
     check_prompt_not_empty(input_ids)
@@ -202,7 +207,7 @@ def step_planner(setup: DecodeSetup) -> StepPlanner:
     or a `FixedBudget` at the one policy's budget."""
     if not setup.adaptive:
         return StepPlanner(FixedBudget(setup.max_budgets[0]))
-    draft, lookup_length = setup.draft, setup.options.lookup_chain_length()
+    draft, lookup_length = setup.draft, setup.lookup_length
     controller, evidence = budget_controller(
         draft.controller_state, setup.model, draft, setup.max_budgets, lookup_length,
         decoding_mode(setup.generation_config),

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from .controller_state import ModeEvidence
 from .lookup import LookupTracker, find_continuations
@@ -74,11 +75,14 @@ class StepPlanner:
         self.evidence = evidence
         self.observers = list(observers)
 
-    def next_step(self, context: np.ndarray, room: int) -> Step:
-        """The next step after the committed tokens `context` `[S]` (no padding); `room`: the tokens the length
+    def next_step(self, context: np.ndarray | torch.Tensor, room: int) -> Step:
+        """The next step after the committed tokens `context` `[S]` (no padding; a tensor is copied to the host only
+        when context lookup reads it); `room`: the tokens the length
         limit still lets in after the one the step is sure to commit (a chain of k tokens commits up to k + 1, so a
         longer one than `room` is waste)."""
         if self.lookups is not None:  # score earlier continuations on what was committed since, then look up this one
+            if isinstance(context, torch.Tensor):
+                context = context.cpu().numpy()
             for kind, matched in self.lookups.resolve(context):
                 self.controller.lookup.record(kind, matched)
             candidates = find_continuations(context, self.lookup_max_match, self.lookup_length)
