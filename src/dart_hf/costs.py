@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from . import ragged, sliding_window
 from .files import cache_root, write_atomically
 from .hardware import device_description, synchronize
 from .tree import Tree
@@ -161,6 +162,58 @@ def calibrate_forward_costs(
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(path, lambda temporary: Path(temporary).write_text(json.dumps(stored, indent=1)))
     return costs
+
+
+@torch.no_grad()
+def calibrate_batch_forward_costs(
+    target: PreTrainedModel,
+    feature_layers: list[int],
+    batch_size: int,
+    max_nodes: int,
+    context_length: int = 128,
+    repeats: int = 3,
+    use_disk_cache: bool = True,
+) -> ForwardCosts:
+    """Time the target's forward over `batch_size` rows of n tree nodes each (as batched decoding runs it:
+    `ragged.forward_rows`) over a `context_length`-token cache, at the candidate budgets' tree sizes up to
+    `max_nodes`; the fastest of `repeats` runs per size. Returns the costs PER ROW (the seconds divided by
+    `batch_size`): a step then commits each row's tokens, and the controller weighs seconds per committed token
+    as it does for one sequence. Cached on disk as `calibrate_forward_costs` is, per batch size."""
+    key = f"{calibration_key(target)}|context={context_length}|batch={batch_size}|method={CALIBRATION_METHOD}"
+    path = cache_root() / "forward_costs.json"
+    stored = json.loads(path.read_text()) if use_disk_cache and path.exists() else {}
+    node_counts = sorted({1, max_nodes} | {n + 1 for n in CANDIDATE_BUDGETS if n + 1 < max_nodes})
+    if key in stored and stored[key]["node_counts"][-1] >= max_nodes:
+        return ForwardCosts(stored[key]["node_counts"], stored[key]["seconds"])
+
+    vocab_size = target.config.get_text_config().vocab_size
+    generator = torch.Generator().manual_seed(0)
+    context = torch.randint(0, vocab_size, (batch_size, context_length), generator=generator).to(target.device)
+    cache = DynamicCache(config=target.config)
+    windows = ragged.sliding_windows(cache)
+    valid = torch.ones(batch_size, context_length, dtype=torch.bool, device=target.device)
+    times = [[] for _ in node_counts]
+    with sliding_window.keeping_every_key(cache):
+        target(input_ids=context, cache=cache, use_cache=True)
+        for repeat in range(repeats + 1):
+            for index, nodes in enumerate(node_counts):
+                tokens = torch.randint(0, vocab_size, (nodes,), generator=generator)
+                tree = Tree.from_parents(tokens, [-1] + [0] * (nodes - 1))
+                tokens, ancestors = ragged.padded_trees([tree] * batch_size)
+                depths = ragged.padded_depths([tree] * batch_size)
+                synchronize(target.device)
+                start = time.perf_counter()
+                ragged.forward_rows(target, tokens, ancestors, depths, valid, cache, windows, feature_layers)
+                synchronize(target.device)
+                if repeat > 0:  # the first round warms up
+                    times[index].append(time.perf_counter() - start)
+                ragged.truncate(cache, context_length)
+    seconds = [min(size_times) / batch_size for size_times in times]
+    if use_disk_cache:
+        stored[key] = {"node_counts": node_counts, "seconds": seconds}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(path, lambda temporary: Path(temporary).write_text(json.dumps(stored, indent=1)))
+    return ForwardCosts(node_counts, seconds)
 
 
 @dataclass

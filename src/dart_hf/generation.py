@@ -20,6 +20,7 @@ from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, Pr
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from . import sliding_window
+from .batch import decode_batch
 from .budget import FixedBudget, budget_controller
 from .features import forward_with_features, takes_logits_to_keep
 from .hardware import device_clock
@@ -165,6 +166,8 @@ def _decode(
         options, policies, adaptive, device_clock(model.device), list(draft.config.feature_layers),
         {"logits_to_keep": 1} if takes_logits_to_keep(model) else {},
     )
+    if input_ids.shape[0] > 1:
+        return decode_batch(setup, input_ids, model_kwargs)
     state = new_state(setup, input_ids, model_kwargs)
     start = setup.clock()
     prefill(setup, state)

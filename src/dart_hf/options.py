@@ -115,12 +115,10 @@ def decoding_mode(generation_config: GenerationConfig) -> tuple:
 
 
 def check_generation_config(input_ids: torch.Tensor, generation_config: GenerationConfig) -> None:
-    """Refuse, with the fix, what DART tree decoding does not run: beam search, several sequences, no cache, a
-    cache other than a DynamicCache, a batch."""
+    """Refuse, with the fix, what DART tree decoding does not run: beam search, no cache, a cache other than a
+    DynamicCache."""
     if generation_config.num_beams != 1:
         raise ValueError(f"DART tree decoding cannot run beam search (num_beams={generation_config.num_beams}).")
-    if generation_config.num_return_sequences != 1:
-        raise ValueError("DART tree decoding returns one sequence: set num_return_sequences=1.")
     if generation_config.use_cache is False:
         raise ValueError(
             "DART tree decoding keeps the target's KV cache to verify each tree against it: drop use_cache=False."
@@ -129,11 +127,6 @@ def check_generation_config(input_ids: torch.Tensor, generation_config: Generati
         raise ValueError(
             f"DART tree decoding needs a DynamicCache; cache_implementation={generation_config.cache_implementation!r} "
             "is not supported."
-        )
-    if input_ids.shape[0] != 1:
-        raise ValueError(
-            f"DART tree decoding supports batch size 1 only for now (got a batch of {input_ids.shape[0]}); "
-            "batching is not supported yet: generate one sequence per call."
         )
 
 
@@ -152,5 +145,8 @@ def strip_left_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor | N
         return input_ids[:, :0], input_ids
     num_pad = int((attention_mask[0] == 0).sum())
     if bool(attention_mask[0, :num_pad].any()) or not bool(attention_mask[0, num_pad:].all()):
-        raise ValueError("DART tree decoding accepts left padding only: the attention_mask must be 0...0 1...1.")
+        raise ValueError(
+            "DART tree decoding accepts left padding only: each row's attention_mask must be 0...0 1...1 (set "
+            "tokenizer.padding_side = 'left')."
+        )
     return input_ids[:, :num_pad], input_ids[:, num_pad:]

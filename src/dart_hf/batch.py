@@ -1,0 +1,364 @@
+"""Batched DART decoding: several sequences per `generate` call, each accepting its own path, exact per row.
+
+`dart_generate` comes here for a batch of more than one row (a left-padded batch, or `num_return_sequences`
+copies that `generate` expanded). Each step the draft runs once for every row, each row gets its own tree, and the
+target verifies all rows' trees in one forward (per-row masks and positions: `dart_hf.ragged`). Each row then
+accepts its own path, token by token through the logits processors and stopping criteria with the row's own
+history and padding, as vanilla batched `generate` shows them to that row. A row that stops leaves the batch (its
+cache rows are dropped), so it costs no more target compute. One budget per step serves every row: the adaptive
+controller prices a step with the forward costs of the batch's size (`costs.calibrate_batch_forward_costs`), down
+to plain batched decoding where drafting does not pay.
+
+What a row's output holds: the sequence as vanilla batched `generate` returns it (its left padding, its tokens,
+then `pad_token_id` up to the longest row); with `return_dict_in_generate`, scores and logits per step `[B, V]`,
+zeros for a row at the steps after it ended (vanilla fills those from forwards over padding, which are skipped
+here), and no cache (each row's cache holds holes). A streamer takes one sequence, as Transformers' streamers do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+from transformers.generation.logits_process import PrefixConstrainedLogitsProcessor
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from . import ragged, sliding_window
+from .budget import FixedBudget, batch_budget_controller
+from .features import forward_with_features
+from .options import check_prompt_not_empty, decoding_mode, strip_left_padding
+from .stats import DartStats
+from .tree import SampledChainPolicy, Tree
+from .verify import accept
+
+
+@dataclass
+class Row:
+    """One sequence of the batch. input_ids: its committed tokens `[1, S]` without its left padding `pad_prefix`
+    `[1, P]`; waiting: target features `[T_i, 3H]` of its positions the draft has not read; scores, logits: per
+    committed token `[1, V]` when `return_dict_in_generate` asks for them."""
+
+    pad_prefix: torch.Tensor
+    input_ids: torch.Tensor
+    waiting: list[torch.Tensor] = field(default_factory=list)
+    scores: list[torch.Tensor] = field(default_factory=list)
+    logits: list[torch.Tensor] = field(default_factory=list)
+    done: bool = False
+
+    def with_padding(self) -> torch.Tensor:
+        """The row as vanilla batched `generate` holds it `[1, P + S]`."""
+        return torch.cat([self.pad_prefix, self.input_ids], dim=-1)
+
+    def room(self, max_length: int) -> int:
+        """Tokens the length limit lets in after the next one."""
+        return max(max_length - self.pad_prefix.shape[1] - self.input_ids.shape[1] - 1, 0)
+
+
+@dataclass
+class BatchState:
+    """What changes step by step. rows: every row, in the caller's order; active: the indices of the rows still
+    decoding, in the order of the caches' batch dimension; valid / draft_valid `[B_active, L]`: which columns of the
+    target's / the draft's cache hold each active row's tokens (`dart_hf.ragged`); windows: the target's
+    sliding-window layout (`ragged.sliding_windows`); controller: decides each step's budget, priced for
+    `controller_rows` rows."""
+
+    rows: list[Row]
+    active: list[int]
+    cache: DynamicCache
+    valid: torch.Tensor
+    windows: tuple[int | None, bool]
+    stats: DartStats
+    draft_cache: DynamicCache = field(default_factory=DynamicCache)
+    draft_valid: torch.Tensor | None = None
+    controller: object = None
+    controller_rows: int = 0
+
+
+def decode_batch(setup, input_ids: torch.Tensor, model_kwargs: dict):
+    """The decode loop of `dart_generate` for a batch `[B, S]` (`setup`: `generation.DecodeSetup`)."""
+    state = new_batch_state(setup, input_ids, model_kwargs)
+    start = setup.clock()
+    with sliding_window.keeping_every_key(state.cache):
+        prefill_batch(setup, state, input_ids, model_kwargs.get("attention_mask"))
+        while state.active:
+            budget = next_budget(setup, state)
+            if budget == 0:
+                plain_batch_step(setup, state)
+            else:
+                tree_batch_step(setup, state, budget)
+    state.stats.total_time = setup.clock() - start
+    return finish_batch(setup, state)
+
+
+def new_batch_state(setup, input_ids: torch.Tensor, model_kwargs: dict) -> BatchState:
+    """The rows split from their left padding, the fresh cache `generate` made, `draft.stats` for this call; refuses
+    what a batch cannot run."""
+    check_batch_supported(setup)
+    cache = model_kwargs.get("cache")
+    if not isinstance(cache, DynamicCache) or cache.get_seq_length() > 0:
+        raise ValueError(
+            "DART tree decoding needs a fresh DynamicCache; a static cache or a cache that already holds a prefix "
+            "is not supported (drop `cache_implementation` / `past_key_values`)."
+        )
+    sliding_window.check_supported(setup.model, cache)
+    attention_mask = model_kwargs.get("attention_mask")
+    rows = []
+    for index in range(input_ids.shape[0]):
+        row_mask = attention_mask[index : index + 1] if attention_mask is not None else None
+        pad_prefix, tokens = strip_left_padding(input_ids[index : index + 1], row_mask)
+        check_prompt_not_empty(tokens)
+        rows.append(Row(pad_prefix, tokens))
+    stats = DartStats()
+    setup.draft.stats = stats
+    return BatchState(rows, list(range(len(rows))), cache, None, ragged.sliding_windows(cache), stats)
+
+
+def check_batch_supported(setup) -> None:
+    """Refuse, with the fix, what batched DART decoding does not run."""
+    if setup.streamer is not None:
+        raise ValueError(
+            "A streamer takes one sequence (Transformers' streamers support batch size 1): generate one prompt per "
+            "call to stream it, or drop the streamer for a batch."
+        )
+    if setup.model.config._attn_implementation == "dart_tree":
+        raise ValueError(
+            "The Triton tree-attention kernel (attn_implementation='dart_tree') verifies one sequence; for a batch, "
+            "load the target with attn_implementation='sdpa'."
+        )
+    if any(isinstance(processor, PrefixConstrainedLogitsProcessor) for processor in setup.logits_processor):
+        raise ValueError(
+            "prefix_allowed_tokens_fn is called with each row's index in the batch, which batched DART decoding "
+            "does not keep (rows accept at their own pace): generate one prompt per call with it."
+        )
+
+
+def prefill_batch(setup, state: BatchState, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> None:
+    """The target's forward over the padded prompts, as vanilla batched `generate` runs it (positions counted from
+    each row's first token); commits each row's first new token."""
+    tick = setup.clock()
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    positions = (attention_mask.long().cumsum(-1) - 1).masked_fill_(attention_mask == 0, 1)
+    outputs, features = forward_with_features(
+        setup.model, setup.feature_layers, input_ids=input_ids, attention_mask=attention_mask,
+        position_ids=positions, cache=state.cache, use_cache=True, **setup.last_logits_only,
+    )
+    state.valid = attention_mask.bool().to(setup.model.device)
+    token_logits = outputs.logits[:, -1].to(dtype=torch.float32, copy=True)
+    for index, row in enumerate(state.rows):
+        row.waiting.append(features[index, row.pad_prefix.shape[1] :])
+        row_logits = token_logits[index : index + 1]
+        row_scores = setup.logits_processor(row.with_padding(), row_logits)
+        commit(setup, state, row, choose(row_scores[0], setup.generation_config.do_sample), row_scores, row_logits)
+    drop_finished(state)
+    state.stats.prefill_time = setup.clock() - tick
+
+
+def next_budget(setup, state: BatchState) -> int:
+    """The step's budget for every row (0: a plain batched step), from a controller priced for the batch's size:
+    rebuilt when rows leave the batch and its size moves to another calibrated one."""
+    rows = calibrated_rows(len(state.active))
+    if state.controller is None or rows != state.controller_rows:
+        state.controller, state.controller_rows = batch_controller(setup, rows), rows
+    return state.controller.next_budget()
+
+
+def calibrated_rows(batch_size: int) -> int:
+    """The batch size whose forward costs price a step of `batch_size` rows: the next power of two (costs are
+    measured at those sizes only, and a step of fewer rows costs at most as much)."""
+    return 1 << (batch_size - 1).bit_length()
+
+
+def batch_controller(setup, rows: int):
+    """The adaptive controller for batches of `rows` rows, or a `FixedBudget` at the one policy's budget."""
+    if not setup.adaptive:
+        return FixedBudget(setup.max_budgets[0])
+    return batch_budget_controller(
+        setup.draft.controller_state, setup.model, setup.draft, setup.max_budgets[0], rows,
+        decoding_mode(setup.generation_config),
+    )
+
+
+def plain_batch_step(setup, state: BatchState) -> None:
+    """One ordinary decoding step for every row (each row's last token, through the ragged cache)."""
+    tick = setup.clock()
+    trees = [Tree.chain([int(state.rows[index].input_ids[0, -1])]) for index in state.active]
+    rows = len(trees)
+    paths, forward_seconds = verify_batch(setup, state, trees)
+    state.stats.plain_steps += 1
+    state.stats.plain_time += setup.clock() - tick
+    state.controller.record_plain_step(forward_seconds / rows)  # costs are per row (`batch_budget_controller`)
+
+
+def tree_batch_step(setup, state: BatchState, budget: int) -> None:
+    """Draft once for every row, build each row's tree with the step's budget (at most what its length limit
+    lets in), verify all trees in one forward."""
+    stats = state.stats
+    tick = setup.clock()
+    draft_logits = run_batch_draft(setup, state, budget)
+    draft_seconds = setup.clock() - tick
+    stats.draft_time += draft_seconds
+
+    tick = setup.clock()
+    policy = setup.policies[0]
+    max_length = setup.generation_config.max_length
+    trees = []
+    for position, index in enumerate(state.active):
+        row = state.rows[index]
+        row_budget = min(budget, row.room(max_length))
+        if row_budget == 0:
+            trees.append(Tree.chain([int(row.input_ids[0, -1])]))
+            continue
+        options = {"budget": row_budget} if setup.adaptive else {}
+        trees.append(policy(draft_logits[position], row.input_ids[0], setup.draft.draft_to_target, **options))
+    tree_seconds = setup.clock() - tick
+    stats.tree_time += tree_seconds
+
+    tick = setup.clock()
+    paths, forward_seconds = verify_batch(setup, state, trees)
+    verify_seconds = setup.clock() - tick
+    stats.verify_time += verify_seconds
+    rows = len(trees)
+    overhead = (draft_seconds + tree_seconds + verify_seconds - forward_seconds) / rows
+    largest = max(range(rows), key=lambda position: len(trees[position]))  # the size the forward ran at
+    for position, (tree, path) in enumerate(zip(trees, paths)):
+        stats.tree_sizes.append(len(tree))
+        stats.budgets.append(budget)
+        stats.tree_kinds.append("drawn" if isinstance(policy, SampledChainPolicy) else "tree")
+        timed = forward_seconds / rows if position == largest else None  # one forward: timed once
+        state.controller.record_step(tree, path, budget, overhead, timed)
+
+
+def run_batch_draft(setup, state: BatchState, budget: int) -> torch.Tensor:
+    """The draft's logits `[B, L, V_d]` for every active row, in one forward: each row's waiting positions
+    (right-aligned, holes before them where a row has fewer than another), then the mask rows."""
+    draft = setup.draft
+    rows = [state.rows[index] for index in state.active]
+    waiting = [torch.cat(row.waiting) if len(row.waiting) > 1 else row.waiting[0] for row in rows]
+    longest = max(features.shape[0] for features in waiting)
+    num_masks = min(budget, draft.config.draft_length) - 1
+    device = waiting[0].device
+    features = waiting[0].new_zeros(len(rows), longest, waiting[0].shape[-1])
+    input_ids = torch.zeros(len(rows), longest, dtype=torch.long, device=device)
+    for position, (row, row_features) in enumerate(zip(rows, waiting)):
+        count = row_features.shape[0]
+        features[position, longest - count :] = row_features
+        input_ids[position, longest - count :] = row.input_ids[0, -count:]
+        row.waiting = []
+    lengths = torch.tensor([row_features.shape[0] for row_features in waiting], device=device)
+    new_valid = torch.arange(longest, device=device)[None, :] >= (longest - lengths)[:, None]  # [B, T]
+    step_valid = torch.cat([new_valid, new_valid.new_ones(len(rows), num_masks)], dim=-1)  # [B, T + M]
+    if state.draft_valid is None:
+        state.draft_valid = new_valid[:, :0]
+    size = longest + num_masks
+    causal = torch.ones(size, size, dtype=torch.bool, device=device).tril()
+    visible = causal[None] & (step_valid[:, None, :] | torch.eye(size, dtype=torch.bool, device=device)[None])
+    mask = ragged.rows_mask(state.draft_valid, visible, draft.dtype)
+    positions = state.draft_valid.sum(-1, keepdim=True) + (step_valid.long().cumsum(-1) - 1).clamp(min=0)
+    logits = draft(
+        features, input_ids=input_ids, cache=state.draft_cache, num_masks=num_masks, position_ids=positions,
+        attention_mask=mask,
+    ).logits
+    if num_masks > 0:
+        state.draft_cache.crop(-num_masks)
+    state.draft_valid = torch.cat([state.draft_valid, new_valid], dim=-1)
+    return logits
+
+
+def verify_batch(setup, state: BatchState, trees: list[Tree]) -> tuple[list[list[int]], float]:
+    """One target forward over every active row's tree; each row accepts its own path (committed token by token)
+    and keeps its path's cache columns; rows that stopped leave the batch. Returns the paths and the seconds of
+    the forward."""
+    tokens, ancestors = ragged.padded_trees(trees)
+    past_len = state.valid.shape[1]
+    tick = setup.clock()
+    logits, features = ragged.forward_rows(
+        setup.model, tokens, ancestors, ragged.padded_depths(trees), state.valid, state.cache, state.windows,
+        setup.feature_layers,
+    )
+    forward_seconds = setup.clock() - tick
+    paths = []
+    for position, (index, tree) in enumerate(zip(state.active, trees)):
+        row = state.rows[index]
+        acceptance = accept(
+            tree, logits[position, : len(tree)], row.with_padding(), setup.logits_processor,
+            setup.generation_config.do_sample,
+        )
+        paths.append(acceptance.path)
+        row.waiting.append(features[position, acceptance.path])
+        state.stats.verify_steps += len(tree) > 1
+        if len(tree) > 1:
+            state.stats.accepted_lengths.append(len(acceptance.tokens))
+        for token, token_scores, token_logits in zip(acceptance.tokens, acceptance.scores, acceptance.logits):
+            if commit(setup, state, row, token, token_scores, token_logits):
+                break
+    state.valid = torch.cat([state.valid, ragged.keep_paths(state.cache, past_len, paths)], dim=-1)
+    drop_finished(state)
+    return paths, forward_seconds
+
+
+def commit(setup, state: BatchState, row: Row, token: int, token_scores, token_logits) -> bool:
+    """Append one token to `row` (with its processed scores and raw logits `[1, V]`); returns (and records in
+    `row.done`) whether the row must stop, by the stopping criteria on the row alone."""
+    row.input_ids = torch.cat([row.input_ids, row.input_ids.new_tensor([[token]])], dim=-1)
+    state.stats.new_tokens += 1
+    config = setup.generation_config
+    if config.return_dict_in_generate and config.output_scores:
+        row.scores.append(token_scores)
+    if config.return_dict_in_generate and config.output_logits:
+        row.logits.append(token_logits)
+    row.done = bool(setup.stopping_criteria(row.with_padding(), None).all())
+    return row.done
+
+
+def drop_finished(state: BatchState) -> None:
+    """Rows that stopped leave the batch: their cache rows go, and the columns no remaining row uses."""
+    keep = [position for position, index in enumerate(state.active) if not state.rows[index].done]
+    if len(keep) == len(state.active):
+        return
+    state.active = [state.active[position] for position in keep]
+    if not keep:
+        return
+    device = state.valid.device
+    rows = torch.tensor(keep, dtype=torch.long, device=device)
+    state.valid = ragged.select(state.cache, state.valid, rows)
+    if state.draft_valid is not None:
+        state.draft_valid = ragged.select(state.draft_cache, state.draft_valid, rows)
+
+
+def choose(scores: torch.Tensor, do_sample: bool) -> int:
+    """The next token from processed scores `[V]`: sampled from their softmax, or the argmax (greedy)."""
+    if do_sample:
+        return int(torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1))
+    return int(scores.argmax())
+
+
+def finish_batch(setup, state: BatchState) -> GenerateDecoderOnlyOutput | torch.LongTensor:
+    """Every row with its padding, then `pad_token_id` up to the longest row: `generate`'s output form."""
+    config = setup.generation_config
+    width = max(row.with_padding().shape[1] for row in state.rows)
+    pad_token_id = config.pad_token_id if config.pad_token_id is not None else 0
+    sequences = torch.stack([
+        torch.nn.functional.pad(row.with_padding()[0], (0, width - row.with_padding().shape[1]), value=pad_token_id)
+        for row in state.rows
+    ])
+    if not config.return_dict_in_generate:
+        return sequences
+    return GenerateDecoderOnlyOutput(
+        sequences=sequences,
+        scores=per_step(state.rows, "scores") if config.output_scores else None,
+        logits=per_step(state.rows, "logits") if config.output_logits else None,
+    )
+
+
+def per_step(rows: list[Row], name: str) -> tuple[torch.Tensor, ...]:
+    """Each row's per-token `[1, V]` tensors named `name`, as one `[B, V]` tensor per step (zeros for a row past its
+    end)."""
+    steps = max(len(getattr(row, name)) for row in rows)
+    template = next(getattr(row, name)[0] for row in rows if getattr(row, name))
+    return tuple(
+        torch.cat([getattr(row, name)[step] if step < len(getattr(row, name)) else torch.zeros_like(template)
+                   for row in rows])
+        for step in range(steps)
+    )
