@@ -68,13 +68,11 @@ def test_generation_inputs_dart_cannot_run_are_refused():
     ids = torch.ones(1, 3, dtype=torch.long)
     check_generation_config(ids, config())
     for generation_config, message in ((config(num_beams=2), "beam search"),
-                                       (config(num_return_sequences=2, do_sample=True), "num_return_sequences=1"),
                                        (config(use_cache=False), "use_cache=False"),
                                        (config(cache_implementation="static"), "DynamicCache")):
         with pytest.raises(ValueError, match=message):
             check_generation_config(ids, generation_config)
-    with pytest.raises(ValueError, match="batch size 1"):
-        check_generation_config(torch.ones(2, 3, dtype=torch.long), config())
+    check_generation_config(torch.ones(2, 3, dtype=torch.long), config(num_return_sequences=2, do_sample=True))
 
 
 def test_left_padding_is_split_off_and_other_masks_are_refused():

@@ -17,11 +17,12 @@ here), and no cache (each row's cache holds holes). A streamer takes one sequenc
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache
-from transformers.generation.logits_process import PrefixConstrainedLogitsProcessor
+from transformers import DynamicCache, LogitsProcessorList
+from transformers.generation.logits_process import PrefixConstrainedLogitsProcessor, RepetitionPenaltyLogitsProcessor
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from . import ragged, sliding_window
@@ -44,15 +45,22 @@ class Row:
     waiting: list[torch.Tensor] = field(default_factory=list)
     scores: list[torch.Tensor] = field(default_factory=list)
     logits: list[torch.Tensor] = field(default_factory=list)
+    processors: LogitsProcessorList | None = None  # the call's processors, as they apply to this row
+    stopped_at: int | None = None  # the length `[P + S]` at which the stopping criteria first said stop
+    length_limit: int | None = None  # the length the row ends at, once known
     done: bool = False
+
+    def __post_init__(self):
+        self.prompt_length = self.input_ids.shape[1]
 
     def with_padding(self) -> torch.Tensor:
         """The row as vanilla batched `generate` holds it `[1, P + S]`."""
         return torch.cat([self.pad_prefix, self.input_ids], dim=-1)
 
     def room(self, max_length: int) -> int:
-        """Tokens the length limit lets in after the next one."""
-        return max(max_length - self.pad_prefix.shape[1] - self.input_ids.shape[1] - 1, 0)
+        """Tokens the length limit (and the batch's end, once known) lets in after the next one."""
+        limit = max_length if self.length_limit is None else min(max_length, self.length_limit)
+        return max(limit - self.pad_prefix.shape[1] - self.input_ids.shape[1] - 1, 0)
 
 
 @dataclass
@@ -69,6 +77,7 @@ class BatchState:
     valid: torch.Tensor
     windows: tuple[int | None, bool]
     stats: DartStats
+    pads_finished_rows: bool
     draft_cache: DynamicCache = field(default_factory=DynamicCache)
     draft_valid: torch.Tensor | None = None
     controller: object = None
@@ -108,10 +117,15 @@ def new_batch_state(setup, input_ids: torch.Tensor, model_kwargs: dict) -> Batch
         row_mask = attention_mask[index : index + 1] if attention_mask is not None else None
         pad_prefix, tokens = strip_left_padding(input_ids[index : index + 1], row_mask)
         check_prompt_not_empty(tokens)
-        rows.append(Row(pad_prefix, tokens))
+        rows.append(Row(pad_prefix, tokens, processors=row_processors(setup.logits_processor, index)))
     stats = DartStats()
     setup.draft.stats = stats
-    return BatchState(rows, list(range(len(rows))), cache, None, ragged.sliding_windows(cache), stats)
+    # as vanilla `generate`: with an EOS criterion a row that stops is padded from then on; without one (stop
+    # strings alone) every row goes on decoding until all have stopped
+    pads_finished_rows = any(hasattr(criteria, "eos_token_id") for criteria in setup.stopping_criteria)
+    return BatchState(
+        rows, list(range(len(rows))), cache, None, ragged.sliding_windows(cache), stats, pads_finished_rows
+    )
 
 
 def check_batch_supported(setup) -> None:
@@ -133,6 +147,20 @@ def check_batch_supported(setup) -> None:
         )
 
 
+def row_processors(processors: LogitsProcessorList, row: int) -> LogitsProcessorList:
+    """`processors` as they apply to row `row` called on its own: a repetition penalty that skips each row's
+    padding (`prompt_ignore_length`, one entry per row) keeps that row's entry."""
+    for_row = LogitsProcessorList()
+    for processor in processors:
+        if isinstance(processor, RepetitionPenaltyLogitsProcessor) and isinstance(
+            processor.prompt_ignore_length, torch.Tensor
+        ):
+            processor = copy.copy(processor)
+            processor.prompt_ignore_length = processor.prompt_ignore_length[row : row + 1]
+        for_row.append(processor)
+    return for_row
+
+
 def prefill_batch(setup, state: BatchState, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> None:
     """The target's forward over the padded prompts, as vanilla batched `generate` runs it (positions counted from
     each row's first token); commits each row's first new token."""
@@ -149,7 +177,7 @@ def prefill_batch(setup, state: BatchState, input_ids: torch.Tensor, attention_m
     for index, row in enumerate(state.rows):
         row.waiting.append(features[index, row.pad_prefix.shape[1] :])
         row_logits = token_logits[index : index + 1]
-        row_scores = setup.logits_processor(row.with_padding(), row_logits)
+        row_scores = row.processors(row.with_padding(), row_logits)
         commit(setup, state, row, choose(row_scores[0], setup.generation_config.do_sample), row_scores, row_logits)
     drop_finished(state)
     state.stats.prefill_time = setup.clock() - tick
@@ -282,7 +310,7 @@ def verify_batch(setup, state: BatchState, trees: list[Tree]) -> tuple[list[list
     for position, (index, tree) in enumerate(zip(state.active, trees)):
         row = state.rows[index]
         acceptance = accept(
-            tree, logits[position, : len(tree)], row.with_padding(), setup.logits_processor,
+            tree, logits[position, : len(tree)], row.with_padding(), row.processors,
             setup.generation_config.do_sample,
         )
         paths.append(acceptance.path)
@@ -300,7 +328,9 @@ def verify_batch(setup, state: BatchState, trees: list[Tree]) -> tuple[list[list
 
 def commit(setup, state: BatchState, row: Row, token: int, token_scores, token_logits) -> bool:
     """Append one token to `row` (with its processed scores and raw logits `[1, V]`); returns (and records in
-    `row.done`) whether the row must stop, by the stopping criteria on the row alone."""
+    `row.done`) whether the row ends here. A row ends where the stopping criteria, on the row alone, first say
+    stop, when finished rows are padded; otherwise at the length where the last row of the batch stopped (vanilla
+    `generate` decodes every row until then)."""
     row.input_ids = torch.cat([row.input_ids, row.input_ids.new_tensor([[token]])], dim=-1)
     state.stats.new_tokens += 1
     config = setup.generation_config
@@ -308,12 +338,23 @@ def commit(setup, state: BatchState, row: Row, token: int, token_scores, token_l
         row.scores.append(token_scores)
     if config.return_dict_in_generate and config.output_logits:
         row.logits.append(token_logits)
-    row.done = bool(setup.stopping_criteria(row.with_padding(), None).all())
+    length = row.pad_prefix.shape[1] + row.input_ids.shape[1]
+    if row.stopped_at is None and bool(setup.stopping_criteria(row.with_padding(), None).all()):
+        row.stopped_at = length
+        if state.pads_finished_rows:
+            row.length_limit = length
+        elif all(other.stopped_at is not None for other in state.rows):
+            for other in state.rows:
+                other.length_limit = length
+    row.done = row.length_limit is not None and length >= row.length_limit
     return row.done
 
 
 def drop_finished(state: BatchState) -> None:
-    """Rows that stopped leave the batch: their cache rows go, and the columns no remaining row uses."""
+    """Rows that ended leave the batch: their cache rows go, and the columns no remaining row uses."""
+    for row in state.rows:  # rows already past the length where the batch's last row stopped end there too
+        if row.length_limit is not None and row.pad_prefix.shape[1] + row.input_ids.shape[1] >= row.length_limit:
+            row.done = True
     keep = [position for position, index in enumerate(state.active) if not state.rows[index].done]
     if len(keep) == len(state.active):
         return
@@ -337,6 +378,11 @@ def choose(scores: torch.Tensor, do_sample: bool) -> int:
 def finish_batch(setup, state: BatchState) -> GenerateDecoderOnlyOutput | torch.LongTensor:
     """Every row with its padding, then `pad_token_id` up to the longest row: `generate`'s output form."""
     config = setup.generation_config
+    for row in state.rows:  # a row that ran past the length where the batch ended (no EOS padding) is cut there
+        if row.length_limit is not None:
+            row.input_ids = row.input_ids[:, : row.length_limit - row.pad_prefix.shape[1]]
+            new_tokens = row.input_ids.shape[1] - row.prompt_length
+            del row.scores[new_tokens:], row.logits[new_tokens:]
     width = max(row.with_padding().shape[1] for row in state.rows)
     pad_token_id = config.pad_token_id if config.pad_token_id is not None else 0
     sequences = torch.stack([
