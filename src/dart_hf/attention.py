@@ -3,11 +3,11 @@
 Transformers' "sdpa" attention, given a mask and more than one query row, copies every cached key and value once
 per query head of its group (`repeat_kv`) before calling sdpa. A one-token decoding step skips that copy, but a
 tree forward pays it in every layer, more the longer the context (measured with `benchmarks/bench_tree_forward.py`:
-`docs/decoding.md`, "Measurements behind the code"). Here each key/value head's group of query heads is folded into
-one block of query rows (`[B, H_kv, groups * q, D]`, the mask repeated per group), so sdpa reads every cached key
-and value once, in place, with one matmul per key/value head: faster on a CPU than both the copy and sdpa's own
-`enable_gqa` (which broadcasts over the groups, slowly with a mask), most of all for few rows per sequence (a
-batch's one-token steps, small trees). Where the mask differs per head, `enable_gqa` takes it unfolded.
+`docs/decoding.md`, "Measurements behind the code"). torch's sdpa takes grouped key/value heads itself
+(`enable_gqa=True`) and its CPU kernel reads them in place, mask included: the path of one sequence. For a batch,
+sdpa's `enable_gqa` with a mask is slow (several times a one-token step's attention at 16 rows), so there each key/value
+head's group of query heads is folded into one block of query rows (`[B, H_kv, groups * q, D]`, the mask repeated
+per group), as Transformers does for one-token steps: every cached key and value is read once, in place.
 
 `grouped_query_sdpa(target)` routes the attention of the forwards run inside it through that call instead, for a
 target whose attention implementation is "sdpa" on a device where `reads_grouped_heads_in_place`. On CUDA, sdpa
@@ -57,9 +57,9 @@ def grouped_query_sdpa_attention(
     is_causal = is_causal and attention_mask is None and query.shape[2] > 1
     batch, heads, rows, head_dim = query.shape
     groups = heads // key.shape[1]
-    if groups > 1 and not is_causal and (attention_mask is None or attention_mask.shape[1] == 1):
-        # each key/value head's query heads as one block of rows: sdpa then reads every key once, with one small
-        # matmul per key/value head, instead of broadcasting over the groups (its slow path with a mask)
+    if groups > 1 and batch > 1 and not is_causal and (attention_mask is None or attention_mask.shape[1] == 1):
+        # a batch: each key/value head's query heads as one block of rows, so sdpa reads every key once with one
+        # small matmul per key/value head, instead of broadcasting over the groups (its slow path with a mask)
         folded = query.reshape(batch, key.shape[1], groups * rows, head_dim)
         mask = attention_mask.repeat(1, 1, groups, 1) if attention_mask is not None else None
         output = F.scaled_dot_product_attention(folded, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling)

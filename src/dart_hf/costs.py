@@ -27,7 +27,7 @@ from .verify import compact_cache, forward_tree
 
 # the version of what `forward_tree` runs: part of the calibration key, so that costs cached on disk for another
 # version of it are measured again (its changes are listed in docs/HISTORY.md)
-CALIBRATION_METHOD = 6
+CALIBRATION_METHOD = 5
 
 # the budgets a controller may weigh (`dart_hf.budget.candidate_budgets`): calibrated at their tree sizes
 CANDIDATE_BUDGETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
