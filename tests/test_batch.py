@@ -10,10 +10,12 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, TextStreamer
 
-from _helpers import VOCAB_SIZE, char_tokenizer, force_costs, prompts, tiny_target
+from _helpers import FLAT_COSTS, VOCAB_SIZE, char_tokenizer, force_costs, prompts, tiny_target
 from dart_hf import DartDraftModel
+from dart_hf.batch import graft
 from dart_hf.costs import ForwardCosts
 from dart_hf.modeling_dart import DartDraftOutput
+from dart_hf.tree import Tree
 from test_sampling import NEW_TOKENS, SAMPLES, SETTINGS, chi_square, exact_joint, peaked_target
 
 WINDOW = 16
@@ -199,7 +201,7 @@ def test_the_controller_prices_steps_at_the_batch_size_and_falls_back_to_plain_b
     force_costs(draft, ForwardCosts([1, 2, 9, 65], [0.010, 0.013, 0.05, 0.4]))
     batch = left_padded(prompts(4, seed=9))
     expected = target.generate(**batch, max_new_tokens=60, do_sample=False)
-    output = target.generate(**batch, max_new_tokens=60, assistant_model=draft)
+    output = target.generate(**batch, max_new_tokens=60, assistant_model=draft, tree_options={"lookup_length": 0})
     assert torch.equal(output, expected)
     assert draft.stats.plain_steps > 3 * len(set(draft.stats.budgets) or {0})
     assert draft.stats.plain_fraction > 0.5
@@ -214,3 +216,28 @@ def test_batches_refuse_a_streamer_and_padding_on_the_right():
     right = {"input_ids": batch["input_ids"].flip(-1), "attention_mask": batch["attention_mask"].flip(-1)}
     with pytest.raises(ValueError, match="left padding only"):
         target.generate(**right, max_new_tokens=4, assistant_model=draft)
+
+
+def test_context_lookup_chains_per_row_stay_identical_to_vanilla():
+    """Tiny random targets fall into loops, so each row's own context predicts it: with a forward that costs about
+    the same for any size, the controller verifies rows' lookup chains (grafted on their trees, or alone on plain
+    steps), and every row stays identical to vanilla."""
+    target = tiny_target("qwen2", seed=4)
+    draft = DartDraftModel.from_target(target)
+    force_costs(draft, FLAT_COSTS)
+    batch = left_padded(prompts(4, seed=11, min_len=3, max_len=12))
+    expected = target.generate(**batch, max_new_tokens=80, do_sample=False)
+    output = target.generate(**batch, max_new_tokens=80, assistant_model=draft)
+    assert torch.equal(output, expected)
+    assert draft.stats.lookup_steps > 0
+    assert max(draft.stats.accepted_lengths) > 3
+
+
+def test_a_lookup_chain_is_grafted_along_the_drafted_nodes_that_carry_it():
+    tree = Tree.from_parents(torch.tensor([1, 5, 6, 7]), [-1, 0, 0, 1])  # root 1; children 5, 6; 5 -> 7
+    tree.ranks = torch.tensor([0, 1, 2, 3])
+    grafted = graft(tree, [5, 7, 9, 4])
+    assert grafted.tokens.tolist() == [1, 5, 6, 7, 9, 4]
+    assert grafted.parents.tolist() == [-1, 0, 0, 1, 3, 4]
+    assert grafted.ranks.tolist() == [0, 1, 2, 3, 4, 5]
+    assert graft(tree, [8]).parents.tolist() == [-1, 0, 0, 1, 0]

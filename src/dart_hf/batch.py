@@ -30,6 +30,7 @@ from .budget import FixedBudget, batch_budget_controller
 from .features import forward_with_features
 from .options import check_prompt_not_empty, decoding_mode, strip_left_padding
 from .stats import DartStats
+from .lookup import LookupTracker, find_continuations
 from .tree import SampledChainPolicy, Tree
 from .verify import accept
 
@@ -69,7 +70,7 @@ class BatchState:
     decoding, in the order of the caches' batch dimension; valid / draft_valid `[B_active, L]`: which columns of the
     target's / the draft's cache hold each active row's tokens (`dart_hf.ragged`); windows: the target's
     sliding-window layout (`ragged.sliding_windows`); controller: decides each step's budget, priced for
-    `controller_rows` rows."""
+    `controller_rows` rows; lookups: each row's context-lookup proposals, scored as its tokens come."""
 
     rows: list[Row]
     active: list[int]
@@ -82,6 +83,7 @@ class BatchState:
     draft_valid: torch.Tensor | None = None
     controller: object = None
     controller_rows: int = 0
+    lookups: dict[int, LookupTracker] = field(default_factory=dict)
 
 
 def decode_batch(setup, input_ids: torch.Tensor, model_kwargs: dict):
@@ -92,10 +94,11 @@ def decode_batch(setup, input_ids: torch.Tensor, model_kwargs: dict):
         prefill_batch(setup, state, input_ids, model_kwargs.get("attention_mask"))
         while state.active:
             budget = next_budget(setup, state)
+            chains = lookup_chains(setup, state)
             if budget == 0:
-                plain_batch_step(setup, state)
+                plain_batch_step(setup, state, chains)
             else:
-                tree_batch_step(setup, state, budget)
+                tree_batch_step(setup, state, budget, chains)
     state.stats.total_time = setup.clock() - start
     return finish_batch(setup, state)
 
@@ -208,20 +211,59 @@ def batch_controller(setup, rows: int):
     )
 
 
-def plain_batch_step(setup, state: BatchState) -> None:
-    """One ordinary decoding step for every row (each row's last token, through the ragged cache)."""
+def lookup_chains(setup, state: BatchState) -> dict[int, list[int]]:
+    """Each active row's context-lookup chain to verify this step, by row index (none for most rows): every row's
+    earlier proposals are scored against what it committed since (the evidence is the batch's, per kind of
+    proposal), then the controller takes a row's continuation where verifying it is estimated to beat both plain
+    decoding and the drafted tree, as it does for one sequence (`AdaptiveBudget.lookup_choice`)."""
+    if not setup.lookup_length:
+        return {}
+    chains = {}
+    max_length = setup.generation_config.max_length
+    for index in state.active:
+        row = state.rows[index]
+        context = row.input_ids[0].cpu().numpy()
+        tracker = state.lookups.setdefault(index, LookupTracker())
+        for kind, matched in tracker.resolve(context):
+            state.controller.lookup.record(kind, matched)
+        candidates = find_continuations(context, setup.options.lookup_max_match, setup.lookup_length)
+        for kind, continuation in candidates:
+            tracker.propose(context, kind, continuation)
+        room = row.room(max_length)
+        chosen, length = state.controller.lookup_choice([(kind, min(c.size, room)) for kind, c in candidates])
+        if length:
+            chains[index] = candidates[chosen][1][:length].tolist()
+    return chains
+
+
+def plain_batch_step(setup, state: BatchState, chains: dict[int, list[int]]) -> None:
+    """One ordinary decoding step for every row (each row's last token, through the ragged cache), with the
+    context-lookup chain of the rows that have one."""
     tick = setup.clock()
-    trees = [Tree.chain([int(state.rows[index].input_ids[0, -1])]) for index in state.active]
+    trees = [Tree.chain([int(state.rows[index].input_ids[0, -1])] + chains.get(index, [])) for index in state.active]
     rows = len(trees)
-    paths, forward_seconds = verify_batch(setup, state, trees)
-    state.stats.plain_steps += 1
-    state.stats.plain_time += setup.clock() - tick
+    _, forward_seconds = verify_batch(setup, state, trees)
+    seconds = setup.clock() - tick
+    if chains:  # a verify step for the rows with a lookup chain
+        state.stats.verify_steps += 1
+        state.stats.lookup_time += seconds
+    else:
+        state.stats.plain_steps += 1
+        state.stats.plain_time += seconds
+    record_lookups(state, chains, max(len(tree) for tree in trees), (seconds - forward_seconds) / rows)
     state.controller.record_plain_step(forward_seconds / rows)  # costs are per row (`batch_budget_controller`)
 
 
-def tree_batch_step(setup, state: BatchState, budget: int) -> None:
+def record_lookups(state: BatchState, chains: dict[int, list[int]], nodes: int, overhead: float) -> None:
+    """Count the step's lookup chains and give the controller their overhead per row and the step's forward size."""
+    for _ in chains:
+        state.stats.lookup_steps += 1
+        state.controller.record_lookup_step(overhead, nodes)
+
+
+def tree_batch_step(setup, state: BatchState, budget: int, chains: dict[int, list[int]]) -> None:
     """Draft once for every row, build each row's tree with the step's budget (at most what its length limit
-    lets in), verify all trees in one forward."""
+    lets in) and graft its context-lookup chain on it, if it has one; verify all trees in one forward."""
     stats = state.stats
     tick = setup.clock()
     draft_logits = run_batch_draft(setup, state, budget)
@@ -231,15 +273,17 @@ def tree_batch_step(setup, state: BatchState, budget: int) -> None:
     tick = setup.clock()
     policy = setup.policies[0]
     max_length = setup.generation_config.max_length
-    trees = []
+    drafted, trees = [], []
     for position, index in enumerate(state.active):
         row = state.rows[index]
         row_budget = min(budget, row.room(max_length))
         if row_budget == 0:
-            trees.append(Tree.chain([int(row.input_ids[0, -1])]))
-            continue
-        options = {"budget": row_budget} if setup.adaptive else {}
-        trees.append(policy(draft_logits[position], row.input_ids[0], setup.draft.draft_to_target, **options))
+            tree = Tree.chain([int(row.input_ids[0, -1])])
+        else:
+            options = {"budget": row_budget} if setup.adaptive else {}
+            tree = policy(draft_logits[position], row.input_ids[0], setup.draft.draft_to_target, **options)
+        drafted.append(tree)
+        trees.append(graft(tree, chains[index]) if index in chains else tree)
     tree_seconds = setup.clock() - tick
     stats.tree_time += tree_seconds
 
@@ -247,15 +291,40 @@ def tree_batch_step(setup, state: BatchState, budget: int) -> None:
     paths, forward_seconds = verify_batch(setup, state, trees)
     verify_seconds = setup.clock() - tick
     stats.verify_time += verify_seconds
+    stats.verify_steps += 1
     rows = len(trees)
     overhead = (draft_seconds + tree_seconds + verify_seconds - forward_seconds) / rows
+    record_lookups(state, chains, max(len(tree) for tree in trees), overhead)
     largest = max(range(rows), key=lambda position: len(trees[position]))  # the size the forward ran at
-    for position, (tree, path) in enumerate(zip(trees, paths)):
+    for position, (tree, path) in enumerate(zip(drafted, paths)):
         stats.tree_sizes.append(len(tree))
         stats.budgets.append(budget)
         stats.tree_kinds.append("drawn" if isinstance(policy, SampledChainPolicy) else "tree")
         timed = forward_seconds / rows if position == largest else None  # one forward: timed once
-        state.controller.record_step(tree, path, budget, overhead, timed)
+        # the drafted tree's own evidence: the path up to where it leaves the drafted nodes for a grafted chain
+        drafted_path = [node for node in path if node < len(tree)]
+        state.controller.record_step(tree, drafted_path, budget, overhead, timed)
+
+
+def graft(tree: Tree, chain: list[int]) -> Tree:
+    """`tree` with a context-lookup `chain` (the tokens after the root) hung from its root: along the drafted nodes
+    that already carry the chain's leading tokens, then as new nodes (ranked after every drafted one)."""
+    tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
+    children = tree.children()
+    node, start = 0, 0
+    while start < len(chain) and chain[start] in children[node]:
+        node = children[node][chain[start]]
+        start += 1
+    for token in chain[start:]:
+        tokens.append(token)
+        parents.append(node)
+        node = len(tokens) - 1
+    grafted = Tree.from_parents(tokens, parents)
+    if tree.ranks is not None:
+        extra = torch.arange(len(tokens) - len(tree), dtype=tree.ranks.dtype) + int(tree.ranks.max()) + 1
+        grafted.ranks = torch.cat([tree.ranks, extra])
+    grafted.proposals = tree.proposals
+    return grafted
 
 
 def run_batch_draft(setup, state: BatchState, budget: int) -> torch.Tensor:
@@ -315,7 +384,6 @@ def verify_batch(setup, state: BatchState, trees: list[Tree]) -> tuple[list[list
         )
         paths.append(acceptance.path)
         row.waiting.append(features[position, acceptance.path])
-        state.stats.verify_steps += len(tree) > 1
         if len(tree) > 1:
             state.stats.accepted_lengths.append(len(acceptance.tokens))
         for token, token_scores, token_logits in zip(acceptance.tokens, acceptance.scores, acceptance.logits):

@@ -13,6 +13,10 @@ class DartStats:
     the token that follows the prompt comes from the prefill and is not counted in tau. Verify steps include the
     `lookup_steps` (a context-lookup chain verified instead of a drafted tree); `budgets`, `tree_sizes` and
     `tree_kinds` are the drafted trees' ("drawn": a chain of drawn tokens; "tree": a deterministic tree).
+
+    A batch (`dart_hf.batch`): `verify_steps` and `plain_steps` count the batch's steps; `accepted_lengths`,
+    `tree_sizes`, `budgets` and `tree_kinds` hold one entry per row per verified step (tau is per row), and
+    `lookup_steps` counts rows' context-lookup chains.
     """
 
     verify_steps: int = 0
