@@ -101,9 +101,12 @@ def main() -> None:
     for batch_size in args.batches:
         batches = [left_padded(prompts[start : start + batch_size], pad)
                    for start in range(0, len(prompts) - batch_size + 1, batch_size)]
-        warm = left_padded([prompts[0]] * batch_size, pad)
-        target.generate(**warm, **{**kwargs, "max_new_tokens": 16})
-        target.generate(**warm, **{**kwargs, "max_new_tokens": 16}, assistant_model=draft)
+        for rows in sorted({1 << power for power in range(batch_size.bit_length())} | {batch_size}):
+            # DART calibrates the forward costs of each batch size it meets (the powers of two up to B, as rows
+            # end) once per machine: here, not inside a timed call
+            warm = left_padded([prompts[0]] * rows, pad)
+            target.generate(**warm, **{**kwargs, "max_new_tokens": 16})
+            target.generate(**warm, **{**kwargs, "max_new_tokens": 16}, assistant_model=draft)
         draft.controller_state.reset()  # the warm-up's evidence is not the benchmark's text
         seconds = {"vanilla": [], "dart": []}
         tokens = {"vanilla": [], "dart": []}

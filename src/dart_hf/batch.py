@@ -32,7 +32,7 @@ from .options import check_prompt_not_empty, decoding_mode, strip_left_padding
 from .stats import DartStats
 from .lookup import LookupTracker, find_continuations
 from .tree import SampledChainPolicy, Tree
-from .verify import accept
+from .verify import accept, append_token, choose_token
 
 
 @dataclass
@@ -181,7 +181,8 @@ def prefill_batch(setup, state: BatchState, input_ids: torch.Tensor, attention_m
         row.waiting.append(features[index, row.pad_prefix.shape[1] :])
         row_logits = token_logits[index : index + 1]
         row_scores = row.processors(row.with_padding(), row_logits)
-        commit(setup, state, row, choose(row_scores[0], setup.generation_config.do_sample), row_scores, row_logits)
+        token = choose_token(row_scores[0], setup.generation_config.do_sample)
+        commit(setup, state, row, token, row_scores, row_logits)
     drop_finished(state)
     state.stats.prefill_time = setup.clock() - tick
 
@@ -399,13 +400,8 @@ def commit(setup, state: BatchState, row: Row, token: int, token_scores, token_l
     `row.done`) whether the row ends here. A row ends where the stopping criteria, on the row alone, first say
     stop, when finished rows are padded; otherwise at the length where the last row of the batch stopped (vanilla
     `generate` decodes every row until then)."""
-    row.input_ids = torch.cat([row.input_ids, row.input_ids.new_tensor([[token]])], dim=-1)
+    row.input_ids = append_token(row, token, token_scores, token_logits, setup.generation_config)
     state.stats.new_tokens += 1
-    config = setup.generation_config
-    if config.return_dict_in_generate and config.output_scores:
-        row.scores.append(token_scores)
-    if config.return_dict_in_generate and config.output_logits:
-        row.logits.append(token_logits)
     length = row.pad_prefix.shape[1] + row.input_ids.shape[1]
     if row.stopped_at is None and bool(setup.stopping_criteria(row.with_padding(), None).all()):
         row.stopped_at = length
@@ -434,13 +430,6 @@ def drop_finished(state: BatchState) -> None:
     state.valid = ragged.select(state.cache, state.valid, rows)
     if state.draft_valid is not None:
         state.draft_valid = ragged.select(state.draft_cache, state.draft_valid, rows)
-
-
-def choose(scores: torch.Tensor, do_sample: bool) -> int:
-    """The next token from processed scores `[V]`: sampled from their softmax, or the argmax (greedy)."""
-    if do_sample:
-        return int(torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1))
-    return int(scores.argmax())
 
 
 def finish_batch(setup, state: BatchState) -> GenerateDecoderOnlyOutput | torch.LongTensor:

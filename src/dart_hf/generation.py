@@ -35,7 +35,7 @@ from .options import (
 from .planner import Step, StepPlanner
 from .stats import DartStats
 from .tree import BeamSearchTreePolicy, SampledChainPolicy, Tree, TopKTreePolicy, TreePolicy
-from .verify import accept, compact_cache, forward_tree
+from .verify import accept, append_token, choose_token, compact_cache, forward_tree
 
 
 def dart_generate(
@@ -333,13 +333,8 @@ def commit(
 ) -> bool:
     """Append one token (with its processed scores and raw logits `[1, V]`); return True when generation must
     stop."""
-    state.input_ids = torch.cat([state.input_ids, state.input_ids.new_tensor([[token]])], dim=-1)
+    state.input_ids = append_token(state, token, token_scores, token_logits, setup.generation_config)
     state.stats.new_tokens += 1
-    config = setup.generation_config
-    if config.return_dict_in_generate and config.output_scores:
-        state.scores.append(token_scores)
-    if config.return_dict_in_generate and config.output_logits:
-        state.logits.append(token_logits)
     if setup.streamer is not None:
         setup.streamer.put(state.input_ids.new_tensor([token]).cpu())
     return bool(setup.stopping_criteria(state.with_padding(), None).all())
@@ -359,13 +354,6 @@ def finish(setup: DecodeSetup, state: DecodeState) -> GenerateDecoderOnlyOutput 
         logits=tuple(state.logits) if config.output_logits else None,
         cache=state.cache,
     )
-
-
-def choose_token(scores: torch.Tensor, do_sample: bool) -> int:
-    """The next token from processed scores `[V]`: sampled from their softmax, or the argmax (greedy)."""
-    if do_sample:
-        return int(torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1))
-    return int(scores.argmax())
 
 
 def step_policies(

@@ -125,6 +125,23 @@ def accept(
         prefix = torch.cat([prefix, prefix.new_tensor([[token]])], dim=-1)
 
 
+def choose_token(scores: torch.Tensor, do_sample: bool) -> int:
+    """The next token from processed scores `[V]`: sampled from their softmax, or the argmax (greedy)."""
+    if do_sample:
+        return int(torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1))
+    return int(scores.argmax())
+
+
+def append_token(sequence, token: int, token_scores: torch.Tensor, token_logits: torch.Tensor, config) -> torch.Tensor:
+    """`sequence.input_ids` `[1, S]` with `token` appended; its processed scores and raw logits `[1, V]` go to
+    `sequence.scores` / `sequence.logits` where `config` (a `GenerationConfig`) returns them."""
+    if config.return_dict_in_generate and config.output_scores:
+        sequence.scores.append(token_scores)
+    if config.return_dict_in_generate and config.output_logits:
+        sequence.logits.append(token_logits)
+    return torch.cat([sequence.input_ids, sequence.input_ids.new_tensor([[token]])], dim=-1)
+
+
 def sample_child(
     scores: torch.Tensor, children: dict[int, int], proposals: dict[int, torch.Tensor] | None = None
 ) -> tuple[int, int | None]:
