@@ -83,6 +83,7 @@ class BatchState:
     draft_valid: torch.Tensor | None = None
     controller: object = None
     controller_rows: int = 0
+    evidence: object = None  # where the controller saves what the next call goes on from (None: nothing)
     lookups: dict[int, LookupTracker] = field(default_factory=dict)
 
 
@@ -100,6 +101,8 @@ def decode_batch(setup, input_ids: torch.Tensor, model_kwargs: dict):
             else:
                 tree_batch_step(setup, state, budget, chains)
     state.stats.total_time = setup.clock() - start
+    if state.evidence is not None:
+        state.controller.save(state.evidence)
     return finish_batch(setup, state)
 
 
@@ -192,7 +195,7 @@ def next_budget(setup, state: BatchState) -> int:
     rebuilt when rows leave the batch and its size moves to another calibrated one."""
     rows = calibrated_rows(len(state.active))
     if state.controller is None or rows != state.controller_rows:
-        state.controller, state.controller_rows = batch_controller(setup, rows), rows
+        (state.controller, state.evidence), state.controller_rows = batch_controller(setup, rows), rows
     return state.controller.next_budget()
 
 
@@ -203,9 +206,10 @@ def calibrated_rows(batch_size: int) -> int:
 
 
 def batch_controller(setup, rows: int):
-    """The adaptive controller for batches of `rows` rows, or a `FixedBudget` at the one policy's budget."""
+    """The adaptive controller for batches of `rows` rows with its evidence, or a `FixedBudget` at the one policy's
+    budget (and no evidence)."""
     if not setup.adaptive:
-        return FixedBudget(setup.max_budgets[0])
+        return FixedBudget(setup.max_budgets[0]), None
     return batch_budget_controller(
         setup.draft.controller_state, setup.model, setup.draft, setup.max_budgets[0], rows,
         decoding_mode(setup.generation_config),

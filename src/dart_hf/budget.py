@@ -487,18 +487,20 @@ def budget_controller(
 
 def batch_budget_controller(
     state: ControllerState, target: torch.nn.Module, draft: torch.nn.Module, max_budget: int, rows: int, mode: tuple
-) -> AdaptiveBudget:
+) -> tuple[AdaptiveBudget, ModeEvidence]:
     """The adaptive controller of batched decoding over `rows` rows: an `AdaptiveBudget` whose forward costs are the
     batch's per row (`calibrate_batch_forward_costs`, once per model, machine and batch size), so it weighs seconds
     per committed token of the batch against plain batched decoding. Its evidence is its own per decoding `mode`
-    (each row's accepted path is one record; the step's overhead, draft forward included, is shared by its rows)."""
+    (each row's accepted path is one record; the step's overhead, draft forward included, is shared by its rows).
+    Returns the controller and the evidence its `save` writes back to."""
     evidence = state.evidence.select_mode(mode + ("batch",))
     key = f"{calibration_key(target)}|batch={rows}"
     costs = state.costs_for(key)
     if costs is None or costs.node_counts[-1] < max_budget + 1:
         feature_layers = list(draft.config.feature_layers)
         costs = state.forward_costs[key] = calibrate_batch_forward_costs(target, feature_layers, rows, max_budget + 1)
-    return AdaptiveBudget(
+    controller = AdaptiveBudget(
         costs, max_budget, evidence.acceptance, lookup=evidence.lookup, plain_run=evidence.plain_run,
         lost_probes=evidence.lost_probes, timed=not state.pinned,
     )
+    return controller, evidence
