@@ -5,7 +5,13 @@ import pytest
 from _helpers import tiny_target
 from dart_hf import DartDraftModel
 from dart_hf import costs as costs_module
-from dart_hf.costs import ForwardCosts, calibrate_draft_costs, calibrate_forward_costs, calibration_key
+from dart_hf.costs import (
+    ForwardCosts,
+    calibrate_batch_forward_costs,
+    calibrate_draft_costs,
+    calibrate_forward_costs,
+    calibration_key,
+)
 
 
 def test_forward_costs_interpolate_and_extrapolate():
@@ -107,3 +113,19 @@ def test_each_size_runs_and_costs_as_its_faster_layout():
     # padding looks at each size's faster layout: 3 nodes run as 4 weight-major rows
     padded = ForwardCosts(counts, usual, max_rows=9, weight_major_seconds=major)
     assert padded.rows(3) == 4 and padded.weight_major(padded.rows(3)) and padded(3) == 1.0
+
+
+def test_batch_calibration_is_per_row_per_batch_size_and_cached_on_disk(tmp_path, monkeypatch):
+    """Costs per row at the candidate budgets' sizes, kept on disk per batch size."""
+    monkeypatch.setattr(costs_module, "cache_root", lambda: tmp_path)
+    target = tiny_target("llama")
+    costs = calibrate_batch_forward_costs(target, [2, 3, 4], batch_size=4, max_nodes=9, context_length=16, repeats=1)
+    assert costs.node_counts == [1, 2, 3, 4, 5, 7, 9] and all(s > 0 for s in costs.seconds)
+    assert "batch=4" in (tmp_path / "forward_costs.json").read_text()
+    def no_forward(*args, **kwargs):
+        raise AssertionError("the cached calibration should have been used")
+
+    monkeypatch.setattr(costs_module.ragged, "forward_rows", no_forward)
+    assert calibrate_batch_forward_costs(target, [2, 3, 4], 4, 9, context_length=16, repeats=1) == costs
+    with pytest.raises(AssertionError):  # another batch size is measured anew
+        calibrate_batch_forward_costs(target, [2, 3, 4], 2, 9, context_length=16, repeats=1)
