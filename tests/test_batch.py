@@ -3,6 +3,8 @@
 rows stopping early while others go on), sampling's exact law per row, `num_return_sequences`, scores and logits
 per row, and the refusals."""
 
+import os
+import random
 from collections import Counter
 
 import pytest
@@ -16,6 +18,7 @@ from dart_hf.batch import graft
 from dart_hf.costs import ForwardCosts
 from dart_hf.modeling_dart import DartDraftOutput
 from dart_hf.tree import Tree
+import test_generation_fuzz as fuzz
 from test_sampling import NEW_TOKENS, SAMPLES, SETTINGS, chi_square, exact_joint, peaked_target
 
 WINDOW = 16
@@ -241,3 +244,55 @@ def test_a_lookup_chain_is_grafted_along_the_drafted_nodes_that_carry_it():
     assert grafted.parents.tolist() == [-1, 0, 0, 1, 3, 4]
     assert grafted.ranks.tolist() == [0, 1, 2, 3, 4, 5]
     assert graft(tree, [8]).parents.tolist() == [-1, 0, 0, 1, 0]
+
+
+FUZZ_CASES = int(os.environ.get("DART_BATCH_FUZZ_CASES", "40"))
+
+
+def draw_batch_case(seed: int) -> tuple:
+    """Case `seed`: a target, a left-padded batch of 2 to 5 drawn prompts, `generate` options drawn as
+    `test_generation_fuzz` draws them for one sequence (every processor with per-row state among them), and
+    DART's own choices."""
+    rng = random.Random(seed)
+    arch = rng.choice(fuzz.ARCHITECTURES)
+    rows = [fuzz.draw_prompt(rng) for _ in range(rng.randint(2, 5))]
+    written = list(fuzz.free_run(arch, tuple(rows[0])))
+    kwargs = {"pad_token_id": rng.choice([0, written[0]])}
+    if rng.random() < 0.5:
+        kwargs["eos_token_id"] = rng.choice(written[: rng.randint(1, len(written))])
+        if rng.random() < 0.3:
+            kwargs["min_new_tokens"] = rng.randint(1, 8)
+    kwargs["max_new_tokens"] = rng.choice([1, 2, rng.randint(3, 30)])
+    options = {
+        "no_repeat_ngram_size": rng.randint(1, 3), "repetition_penalty": rng.choice([0.7, 1.3]),
+        "encoder_repetition_penalty": rng.choice([0.8, 1.5]), "encoder_no_repeat_ngram_size": rng.randint(1, 2),
+        "bad_words_ids": [[written[1]], [written[2], written[3]]],
+        "sequence_bias": {(written[0],): -4.0, (written[4], written[5]): 6.0},
+        "prefix_allowed_tokens_fn": fuzz.allowed_by_length, "guidance_scale": rng.choice([0.5, 1.5]),
+        "watermarking_config": transformers.WatermarkingConfig(bias=4.0, context_width=rng.randint(1, 3)),
+    }
+    for name, value in options.items():
+        if rng.random() < 0.2:
+            kwargs[name] = value
+    if rng.random() < 0.3:
+        kwargs.update(do_sample=True, top_k=1, temperature=rng.choice([0.5, 1.3]))
+    else:
+        kwargs["do_sample"] = False
+    if rng.random() < 0.2:
+        kwargs.update(stop_strings=[char_tokenizer().decode(written[2:4])], tokenizer=char_tokenizer())
+    tree_options = rng.choice([{}, {"lookup_length": 0}, {"adaptive": False, "budget": rng.choice([1, 4, 16])}])
+    return arch, rows, kwargs, tree_options, rng.random() < 0.5
+
+
+@pytest.mark.parametrize("seed", range(FUZZ_CASES), ids=lambda seed: f"case_{seed}")
+def test_drawn_batches_are_token_identical_to_vanilla(seed):
+    arch, rows, kwargs, tree_options, oracle = draw_batch_case(seed)
+    target = fuzz.target_for(arch)
+    batch = left_padded([torch.tensor([row]) for row in rows], pad_token_id=kwargs["pad_token_id"])
+    expected = target.generate(**batch, **kwargs)
+    torch.manual_seed(seed)
+    draft = (BatchOracleDraft if oracle else DartDraftModel).from_target(target)
+    draft.references = real_rows(expected, batch["attention_mask"])
+    force_costs(draft, FLAT_COSTS)
+    output = target.generate(**batch, **kwargs, assistant_model=draft, tree_options=tree_options)
+    assert torch.equal(output, expected), (seed, arch, kwargs, tree_options)

@@ -22,7 +22,13 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache, LogitsProcessorList
-from transformers.generation.logits_process import PrefixConstrainedLogitsProcessor, RepetitionPenaltyLogitsProcessor
+from transformers.generation.logits_process import (
+    EncoderNoRepeatNGramLogitsProcessor,
+    EncoderRepetitionPenaltyLogitsProcessor,
+    PrefixConstrainedLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    UnbatchedClassifierFreeGuidanceLogitsProcessor,
+)
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from . import ragged, sliding_window
@@ -123,7 +129,7 @@ def new_batch_state(setup, input_ids: torch.Tensor, model_kwargs: dict) -> Batch
         row_mask = attention_mask[index : index + 1] if attention_mask is not None else None
         pad_prefix, tokens = strip_left_padding(input_ids[index : index + 1], row_mask)
         check_prompt_not_empty(tokens)
-        rows.append(Row(pad_prefix, tokens, processors=row_processors(setup.logits_processor, index)))
+        rows.append(Row(pad_prefix, tokens, processors=row_processors(setup.logits_processor, index, input_ids.shape[0])))
     stats = DartStats()
     setup.draft.stats = stats
     # as vanilla `generate`: with an EOS criterion a row that stops is padded from then on; without one (stop
@@ -146,25 +152,45 @@ def check_batch_supported(setup) -> None:
             "The Triton tree-attention kernel (attn_implementation='dart_tree') verifies one sequence; for a batch, "
             "load the target with attn_implementation='sdpa'."
         )
-    if any(isinstance(processor, PrefixConstrainedLogitsProcessor) for processor in setup.logits_processor):
-        raise ValueError(
-            "prefix_allowed_tokens_fn is called with each row's index in the batch, which batched DART decoding "
-            "does not keep (rows accept at their own pace): generate one prompt per call with it."
-        )
 
 
-def row_processors(processors: LogitsProcessorList, row: int) -> LogitsProcessorList:
-    """`processors` as they apply to row `row` called on its own: a repetition penalty that skips each row's
-    padding (`prompt_ignore_length`, one entry per row) keeps that row's entry."""
-    for_row = LogitsProcessorList()
-    for processor in processors:
-        if isinstance(processor, RepetitionPenaltyLogitsProcessor) and isinstance(
-            processor.prompt_ignore_length, torch.Tensor
-        ):
-            processor = copy.copy(processor)
-            processor.prompt_ignore_length = processor.prompt_ignore_length[row : row + 1]
-        for_row.append(processor)
-    return for_row
+def row_processors(processors: LogitsProcessorList, row: int, batch_size: int) -> LogitsProcessorList:
+    """`processors` as they apply to row `row` of `batch_size` rows called on its own: the processors `generate`
+    builds with one entry per row (or per prompt, before `num_return_sequences` copies) get that row's entry."""
+    return LogitsProcessorList(processor_for_row(processor, row, batch_size) for processor in processors)
+
+
+def processor_for_row(processor, row: int, batch_size: int):
+    """A copy of `processor` holding only row `row`'s part of its per-row state (the processor itself where it has
+    none): a repetition penalty's `prompt_ignore_length` (each row's padding), the encoder penalties' prompt ids and
+    n-grams (one per prompt: `num_return_sequences` copies share theirs), `prefix_allowed_tokens_fn`'s row index,
+    and classifier-free guidance's unconditional context (its own model cache per row)."""
+    if isinstance(processor, RepetitionPenaltyLogitsProcessor) and isinstance(
+        processor.prompt_ignore_length, torch.Tensor
+    ):
+        processor = copy.copy(processor)
+        processor.prompt_ignore_length = processor.prompt_ignore_length[row : row + 1]
+    elif isinstance(processor, EncoderRepetitionPenaltyLogitsProcessor):
+        processor = copy.copy(processor)
+        prompt = row // (batch_size // processor.encoder_input_ids.shape[0])
+        processor.encoder_input_ids = processor.encoder_input_ids[prompt : prompt + 1]
+    elif isinstance(processor, EncoderNoRepeatNGramLogitsProcessor):
+        processor = copy.copy(processor)
+        processor.generated_ngrams = [processor.generated_ngrams[row // (batch_size // processor.batch_size)]]
+        processor.batch_size = 1
+    elif isinstance(processor, PrefixConstrainedLogitsProcessor):
+        processor = copy.copy(processor)
+        allowed = processor._prefix_allowed_tokens_fn
+        processor._prefix_allowed_tokens_fn = lambda batch_id, sequence: allowed(row, sequence)
+    elif isinstance(processor, UnbatchedClassifierFreeGuidanceLogitsProcessor):
+        processor = copy.copy(processor)
+        context = dict(processor.unconditional_context)
+        for name in ("input_ids", "attention_mask"):
+            if isinstance(context[name], torch.Tensor):
+                prompt = row // (batch_size // context[name].shape[0])
+                context[name] = context[name][prompt : prompt + 1]
+        processor.unconditional_context = context
+    return processor
 
 
 def prefill_batch(setup, state: BatchState, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> None:
