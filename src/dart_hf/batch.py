@@ -166,7 +166,7 @@ def processor_for_row(processor, row: int, batch_size: int):
     n-grams (one per prompt: `num_return_sequences` copies share theirs), `prefix_allowed_tokens_fn`'s row index,
     and classifier-free guidance's unconditional context (its own model cache per row)."""
     if isinstance(processor, RepetitionPenaltyLogitsProcessor) and isinstance(
-        processor.prompt_ignore_length, torch.Tensor
+        getattr(processor, "prompt_ignore_length", None), torch.Tensor
     ):
         processor = copy.copy(processor)
         processor.prompt_ignore_length = processor.prompt_ignore_length[row : row + 1]
