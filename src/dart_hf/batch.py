@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import DynamicCache, LogitsProcessorList
@@ -34,11 +35,14 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from . import ragged, sliding_window
 from .budget import FixedBudget, batch_budget_controller
 from .features import forward_with_features
-from .options import check_prompt_not_empty, decoding_mode, strip_left_padding
+from .options import check_fresh_cache, check_prompt_not_empty, decoding_mode, strip_left_padding
 from .stats import DartStats
 from .lookup import LookupTracker, find_continuations
 from .tree import SampledChainPolicy, Tree
 from .verify import accept, append_token, choose_token
+
+if TYPE_CHECKING:  # `generation` imports this module
+    from .generation import DecodeSetup
 
 
 @dataclass
@@ -93,8 +97,8 @@ class BatchState:
     lookups: dict[int, LookupTracker] = field(default_factory=dict)
 
 
-def decode_batch(setup, input_ids: torch.Tensor, model_kwargs: dict):
-    """The decode loop of `dart_generate` for a batch `[B, S]` (`setup`: `generation.DecodeSetup`)."""
+def decode_batch(setup: DecodeSetup, input_ids: torch.Tensor, model_kwargs: dict):
+    """The decode loop of `dart_generate` for a batch `[B, S]`."""
     state = new_batch_state(setup, input_ids, model_kwargs)
     start = setup.clock()
     with sliding_window.keeping_every_key(state.cache):
@@ -112,24 +116,20 @@ def decode_batch(setup, input_ids: torch.Tensor, model_kwargs: dict):
     return finish_batch(setup, state)
 
 
-def new_batch_state(setup, input_ids: torch.Tensor, model_kwargs: dict) -> BatchState:
+def new_batch_state(setup: DecodeSetup, input_ids: torch.Tensor, model_kwargs: dict) -> BatchState:
     """The rows split from their left padding, the fresh cache `generate` made, `draft.stats` for this call; refuses
     what a batch cannot run."""
     check_batch_supported(setup)
     cache = model_kwargs.get("cache")
-    if not isinstance(cache, DynamicCache) or cache.get_seq_length() > 0:
-        raise ValueError(
-            "DART tree decoding needs a fresh DynamicCache; a static cache or a cache that already holds a prefix "
-            "is not supported (drop `cache_implementation` / `past_key_values`)."
-        )
+    check_fresh_cache(cache)
     sliding_window.check_supported(setup.model, cache)
     attention_mask = model_kwargs.get("attention_mask")
-    rows = []
-    for index in range(input_ids.shape[0]):
+    rows, batch_size = [], input_ids.shape[0]
+    for index in range(batch_size):
         row_mask = attention_mask[index : index + 1] if attention_mask is not None else None
         pad_prefix, tokens = strip_left_padding(input_ids[index : index + 1], row_mask)
         check_prompt_not_empty(tokens)
-        rows.append(Row(pad_prefix, tokens, processors=row_processors(setup.logits_processor, index, input_ids.shape[0])))
+        rows.append(Row(pad_prefix, tokens, processors=row_processors(setup.logits_processor, index, batch_size)))
     stats = DartStats()
     setup.draft.stats = stats
     # as vanilla `generate`: with an EOS criterion a row that stops is padded from then on; without one (stop
@@ -140,7 +140,7 @@ def new_batch_state(setup, input_ids: torch.Tensor, model_kwargs: dict) -> Batch
     )
 
 
-def check_batch_supported(setup) -> None:
+def check_batch_supported(setup: DecodeSetup) -> None:
     """Refuse, with the fix, what batched DART decoding does not run."""
     if setup.streamer is not None:
         raise ValueError(
@@ -193,7 +193,9 @@ def processor_for_row(processor, row: int, batch_size: int):
     return processor
 
 
-def prefill_batch(setup, state: BatchState, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> None:
+def prefill_batch(
+    setup: DecodeSetup, state: BatchState, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
+) -> None:
     """The target's forward over the padded prompts, as vanilla batched `generate` runs it (positions counted from
     each row's first token); commits each row's first new token."""
     tick = setup.clock()
@@ -216,7 +218,7 @@ def prefill_batch(setup, state: BatchState, input_ids: torch.Tensor, attention_m
     state.stats.prefill_time = setup.clock() - tick
 
 
-def next_budget(setup, state: BatchState) -> int:
+def next_budget(setup: DecodeSetup, state: BatchState) -> int:
     """The step's budget for every row (0: a plain batched step), from a controller priced for the batch's size:
     rebuilt when rows leave the batch and its size moves to another calibrated one."""
     rows = calibrated_rows(len(state.active))
@@ -231,7 +233,7 @@ def calibrated_rows(batch_size: int) -> int:
     return 1 << (batch_size - 1).bit_length()
 
 
-def batch_controller(setup, rows: int):
+def batch_controller(setup: DecodeSetup, rows: int) -> tuple:
     """The adaptive controller for batches of `rows` rows with its evidence, or a `FixedBudget` at the one policy's
     budget (and no evidence)."""
     if not setup.adaptive:
@@ -242,7 +244,7 @@ def batch_controller(setup, rows: int):
     )
 
 
-def lookup_chains(setup, state: BatchState) -> dict[int, list[int]]:
+def lookup_chains(setup: DecodeSetup, state: BatchState) -> dict[int, list[int]]:
     """Each active row's context-lookup chain to verify this step, by row index (none for most rows): every row's
     earlier proposals are scored against what it committed since (the evidence is the batch's, per kind of
     proposal), then the controller takes a row's continuation where verifying it is estimated to beat both plain
@@ -267,7 +269,7 @@ def lookup_chains(setup, state: BatchState) -> dict[int, list[int]]:
     return chains
 
 
-def plain_batch_step(setup, state: BatchState, chains: dict[int, list[int]]) -> None:
+def plain_batch_step(setup: DecodeSetup, state: BatchState, chains: dict[int, list[int]]) -> None:
     """One ordinary decoding step for every row (each row's last token, through the ragged cache), with the
     context-lookup chain of the rows that have one."""
     tick = setup.clock()
@@ -292,7 +294,7 @@ def record_lookups(state: BatchState, chains: dict[int, list[int]], nodes: int, 
         state.controller.record_lookup_step(overhead, nodes)
 
 
-def tree_batch_step(setup, state: BatchState, budget: int, chains: dict[int, list[int]]) -> None:
+def tree_batch_step(setup: DecodeSetup, state: BatchState, budget: int, chains: dict[int, list[int]]) -> None:
     """Draft once for every row, build each row's tree with the step's budget (at most what its length limit
     lets in) and graft its context-lookup chain on it, if it has one; verify all trees in one forward."""
     stats = state.stats
@@ -358,7 +360,7 @@ def graft(tree: Tree, chain: list[int]) -> Tree:
     return grafted
 
 
-def run_batch_draft(setup, state: BatchState, budget: int) -> torch.Tensor:
+def run_batch_draft(setup: DecodeSetup, state: BatchState, budget: int) -> torch.Tensor:
     """The draft's logits `[B, L, V_d]` for every active row, in one forward: each row's waiting positions
     (right-aligned, holes before them where a row has fewer than another), then the mask rows."""
     draft = setup.draft
@@ -394,7 +396,7 @@ def run_batch_draft(setup, state: BatchState, budget: int) -> torch.Tensor:
     return logits
 
 
-def verify_batch(setup, state: BatchState, trees: list[Tree]) -> tuple[list[list[int]], float]:
+def verify_batch(setup: DecodeSetup, state: BatchState, trees: list[Tree]) -> tuple[list[list[int]], float]:
     """One target forward over every active row's tree; each row accepts its own path (committed token by token)
     and keeps its path's cache columns; rows that stopped leave the batch. Returns the paths and the seconds of
     the forward."""
@@ -425,7 +427,7 @@ def verify_batch(setup, state: BatchState, trees: list[Tree]) -> tuple[list[list
     return paths, forward_seconds
 
 
-def commit(setup, state: BatchState, row: Row, token: int, token_scores, token_logits) -> bool:
+def commit(setup: DecodeSetup, state: BatchState, row: Row, token: int, token_scores, token_logits) -> bool:
     """Append one token to `row` (with its processed scores and raw logits `[1, V]`); returns (and records in
     `row.done`) whether the row ends here. A row ends where the stopping criteria, on the row alone, first say
     stop, when finished rows are padded; otherwise at the length where the last row of the batch stopped (vanilla
@@ -462,7 +464,7 @@ def drop_finished(state: BatchState) -> None:
         state.draft_valid = ragged.select(state.draft_cache, state.draft_valid, rows)
 
 
-def finish_batch(setup, state: BatchState) -> GenerateDecoderOnlyOutput | torch.LongTensor:
+def finish_batch(setup: DecodeSetup, state: BatchState) -> GenerateDecoderOnlyOutput | torch.LongTensor:
     """Every row with its padding, then `pad_token_id` up to the longest row: `generate`'s output form."""
     config = setup.generation_config
     for row in state.rows:  # a row that ran past the length where the batch ended (no EOS padding) is cut there

@@ -28,6 +28,7 @@ from .modeling_dart import DartDraftModel
 from .options import (
     DecodingOptions,
     check_generation_config,
+    check_fresh_cache,
     check_prompt_not_empty,
     decoding_mode,
     strip_left_padding,
@@ -189,11 +190,7 @@ def new_state(setup: DecodeSetup, input_ids: torch.Tensor, model_kwargs: dict) -
     """The state before the prefill: the prompt split from its left padding, the fresh cache `generate` made, and
     `draft.stats` for this call. Refuses a cache that cannot hold trees and windows a tree would overrun."""
     cache = model_kwargs.get("cache")
-    if not isinstance(cache, DynamicCache) or cache.get_seq_length() > 0:
-        raise ValueError(
-            "DART tree decoding needs a fresh DynamicCache; a static cache or a cache that already holds a prefix "
-            "is not supported (drop `cache_implementation` / `past_key_values`)."
-        )
+    check_fresh_cache(cache)
     longest_verify = max(*setup.max_budgets, setup.lookup_length)
     _check_sliding_window(setup.model, cache, setup.generation_config.max_length, longest_verify)
     pad_prefix, input_ids = strip_left_padding(input_ids, model_kwargs.get("attention_mask"))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from transformers import GenerationConfig
+from transformers import DynamicCache, GenerationConfig
 
 # fields of DecodingOptions that steer the decode loop rather than the tree policy
 LOOP_FIELDS = ("adaptive", "lookup_length", "lookup_max_match", "sample_drafts", "compare_policies")
@@ -127,6 +127,15 @@ def check_generation_config(input_ids: torch.Tensor, generation_config: Generati
         raise ValueError(
             f"DART tree decoding needs a DynamicCache; cache_implementation={generation_config.cache_implementation!r} "
             "is not supported."
+        )
+
+
+def check_fresh_cache(cache) -> None:
+    """Raise a ValueError with the fix unless `cache` (the one `generate` prepared) is an empty DynamicCache."""
+    if not isinstance(cache, DynamicCache) or cache.get_seq_length() > 0:
+        raise ValueError(
+            "DART tree decoding needs a fresh DynamicCache; a static cache or a cache that already holds a prefix "
+            "is not supported (drop `cache_implementation` / `past_key_values`)."
         )
 
 
