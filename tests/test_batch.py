@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, TextStreamer
 
 from _helpers import FLAT_COSTS, VOCAB_SIZE, char_tokenizer, force_costs, prompts, tiny_target
 from dart_hf import DartDraftModel
-from dart_hf.batch import graft
+from dart_hf.batch import StepRates, graft
 from dart_hf.costs import ForwardCosts
 from dart_hf.modeling_dart import DartDraftOutput
 from dart_hf.tree import Tree
@@ -296,3 +296,27 @@ def test_drawn_batches_are_token_identical_to_vanilla(seed):
     force_costs(draft, FLAT_COSTS)
     output = target.generate(**batch, **kwargs, assistant_model=draft, tree_options=tree_options)
     assert torch.equal(output, expected), (seed, arch, kwargs, tree_options)
+
+
+def test_step_rates_let_measured_throughput_decide_and_back_off_a_losing_probe():
+    rates = StepRates()
+    assert rates.drafting_allowed()  # no measurement of drafting yet
+    rates.record(True, 0.2, 4)
+    rates.record(True, 0.2, 4)
+    assert not rates.drafting_allowed()  # then plain steps, to measure them
+    rates.record(False, 0.1, 4)
+    rates.record(False, 0.1, 4)
+    assert rates.drafting_allowed() is False  # drafting 0.05 s per token, plain 0.025: plain
+    for _ in range(rates.drafting_wait - 1):
+        rates.record(False, 0.1, 4)
+    assert rates.drafting_allowed()  # a probe of drafting after the wait
+    rates.record(True, 0.2, 4)  # it loses: the next wait is twice as long
+    assert rates.drafting_wait == 32 and not rates.drafting_allowed()
+    winning = StepRates()
+    for _ in range(2):
+        winning.record(True, 0.1, 8)
+        winning.record(False, 0.1, 4)
+    assert winning.drafting_allowed()
+    for _ in range(winning.explore_every):
+        winning.record(True, 0.1, 8)
+    assert not winning.drafting_allowed()  # a plain step now and then keeps plain steps measured

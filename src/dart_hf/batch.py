@@ -18,6 +18,7 @@ here), and no cache (each row's cache holds holes). A streamer takes one sequenc
 from __future__ import annotations
 
 import copy
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -75,6 +76,49 @@ class Row:
 
 
 @dataclass
+class StepRates:
+    """The measured cost of the batch's recent plain steps and drafting steps (a tree or a lookup chain for some
+    row), each step's whole time included: seconds per committed token over the last `window` steps of each kind
+    (their seconds summed over their tokens summed: throughput, not a typical step). Drafting is allowed while it
+    costs no more per token than plain steps. The kind not chosen is tried again after `explore_every` steps of the
+    other, so both stay measured as the context grows and rows leave; each try of drafting that loses doubles the
+    wait before the next (up to `max_explore_every`), as a probe that loses does for one sequence."""
+
+    window: int = 8
+    explore_every: int = 16
+    max_explore_every: int = 128
+    plain: deque = field(default_factory=deque)  # (seconds, tokens) of recent plain steps
+    drafting: deque = field(default_factory=deque)
+    since_plain: int = 0
+    since_drafting: int = 0
+    drafting_wait: int = 16
+
+    def drafting_allowed(self) -> bool:
+        if len(self.drafting) < 2:
+            return True
+        if len(self.plain) < 2:
+            return False
+        if self.rate(self.drafting) <= self.rate(self.plain):
+            return self.since_plain < self.explore_every
+        return self.since_drafting >= self.drafting_wait
+
+    @staticmethod
+    def rate(steps: deque) -> float:
+        return sum(seconds for seconds, _ in steps) / max(sum(tokens for _, tokens in steps), 1)
+
+    def record(self, drafted: bool, seconds: float, tokens: int) -> None:
+        steps = self.drafting if drafted else self.plain
+        steps.append((seconds, tokens))
+        while len(steps) > self.window:
+            steps.popleft()
+        if drafted and self.since_drafting >= self.drafting_wait and len(self.plain) >= 2:  # a try after a wait
+            losing = self.rate(self.drafting) > self.rate(self.plain)
+            self.drafting_wait = min(2 * self.drafting_wait, self.max_explore_every) if losing else self.explore_every
+        self.since_drafting = 0 if drafted else self.since_drafting + 1
+        self.since_plain = self.since_plain + 1 if drafted else 0
+
+
+@dataclass
 class BatchState:
     """What changes step by step. rows: every row, in the caller's order; active: the indices of the rows still
     decoding, in the order of the caches' batch dimension; valid / draft_valid `[B_active, L]`: which columns of the
@@ -94,6 +138,7 @@ class BatchState:
     controller: object = None
     controller_rows: int = 0
     evidence: object = None  # where the controller saves what the next call goes on from (None: nothing)
+    rates: StepRates = field(default_factory=lambda: StepRates())
     lookups: dict[int, LookupTracker] = field(default_factory=dict)
 
 
@@ -104,12 +149,15 @@ def decode_batch(setup: DecodeSetup, input_ids: torch.Tensor, model_kwargs: dict
     with sliding_window.keeping_every_key(state.cache):
         prefill_batch(setup, state, input_ids, model_kwargs.get("attention_mask"))
         while state.active:
-            budget = next_budget(setup, state)
-            chains = lookup_chains(setup, state)
+            tick, committed = setup.clock(), state.stats.new_tokens
+            drafting = drafting_allowed(setup, state)
+            budget = next_budget(setup, state) if drafting else 0
+            chains = lookup_chains(setup, state) if drafting else {}
             if budget == 0:
                 plain_batch_step(setup, state, chains)
             else:
                 tree_batch_step(setup, state, budget, chains)
+            state.rates.record(budget > 0 or bool(chains), setup.clock() - tick, state.stats.new_tokens - committed)
     state.stats.total_time = setup.clock() - start
     if state.evidence is not None:
         state.controller.save(state.evidence)
@@ -219,12 +267,24 @@ def prefill_batch(
 
 
 def next_budget(setup: DecodeSetup, state: BatchState) -> int:
-    """The step's budget for every row (0: a plain batched step), from a controller priced for the batch's size:
-    rebuilt when rows leave the batch and its size moves to another calibrated one."""
+    """The step's budget for every row (0: a plain batched step), from the controller."""
+    return state.controller.next_budget()
+
+
+def drafting_allowed(setup: DecodeSetup, state: BatchState) -> bool:
+    """Whether this step may draft (trees or lookup chains), after (re)building the controller for the batch's size
+    (when rows leave the batch and its size moves to another calibrated one). The controller prices steps from
+    forward costs calibrated over a short context; a batch's context (long prompts padded to the longest, holes)
+    makes a tree's forward grow faster than a plain one's, and the lookup chains it takes per row make every row's
+    forward longer. So in a batch the measured seconds per committed token of recent drafting and plain steps
+    decide first (`StepRates`); a controller with fixed inputs (`adaptive=False`, a pinned `ControllerState`) is
+    followed as it is."""
     rows = calibrated_rows(len(state.active))
     if state.controller is None or rows != state.controller_rows:
         (state.controller, state.evidence), state.controller_rows = batch_controller(setup, rows), rows
-    return state.controller.next_budget()
+    if not setup.adaptive or not state.controller.timed:
+        return True
+    return state.rates.drafting_allowed()
 
 
 def calibrated_rows(batch_size: int) -> int:
@@ -277,18 +337,21 @@ def plain_batch_step(setup: DecodeSetup, state: BatchState, chains: dict[int, li
     rows = len(trees)
     _, forward_seconds = verify_batch(setup, state, trees)
     seconds = setup.clock() - tick
+    nodes = max(len(tree) for tree in trees)
     if chains:  # a verify step for the rows with a lookup chain
         state.stats.verify_steps += 1
         state.stats.lookup_time += seconds
+        record_lookups(state, chains, nodes, (seconds - forward_seconds) / rows)
+        state.controller.record_forward("verify", nodes, forward_seconds / rows)  # costs are per row
     else:
         state.stats.plain_steps += 1
         state.stats.plain_time += seconds
-    record_lookups(state, chains, max(len(tree) for tree in trees), (seconds - forward_seconds) / rows)
-    state.controller.record_plain_step(forward_seconds / rows)  # costs are per row (`batch_budget_controller`)
+        state.controller.record_plain_step(forward_seconds / rows)
 
 
 def record_lookups(state: BatchState, chains: dict[int, list[int]], nodes: int, overhead: float) -> None:
-    """Count the step's lookup chains and give the controller their overhead per row and the step's forward size."""
+    """Count the step's lookup chains and give the controller their overhead per row (the forward is recorded
+    once, by the step)."""
     for _ in chains:
         state.stats.lookup_steps += 1
         state.controller.record_lookup_step(overhead, nodes)
@@ -327,16 +390,16 @@ def tree_batch_step(setup: DecodeSetup, state: BatchState, budget: int, chains: 
     stats.verify_steps += 1
     rows = len(trees)
     overhead = (draft_seconds + tree_seconds + verify_seconds - forward_seconds) / rows
-    record_lookups(state, chains, max(len(tree) for tree in trees), overhead)
-    largest = max(range(rows), key=lambda position: len(trees[position]))  # the size the forward ran at
-    for position, (tree, path) in enumerate(zip(drafted, paths)):
+    nodes = max(len(tree) for tree in trees)
+    record_lookups(state, chains, nodes, overhead)
+    for tree, path in zip(drafted, paths):
         stats.tree_sizes.append(len(tree))
         stats.budgets.append(budget)
         stats.tree_kinds.append("drawn" if isinstance(policy, SampledChainPolicy) else "tree")
-        timed = forward_seconds / rows if position == largest else None  # one forward: timed once
         # the drafted tree's own evidence: the path up to where it leaves the drafted nodes for a grafted chain
         drafted_path = [node for node in path if node < len(tree)]
-        state.controller.record_step(tree, drafted_path, budget, overhead, timed)
+        state.controller.record_step(tree, drafted_path, budget, overhead)
+    state.controller.record_forward("verify", nodes, forward_seconds / rows)  # one forward, costs per row
 
 
 def graft(tree: Tree, chain: list[int]) -> Tree:

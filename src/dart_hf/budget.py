@@ -266,7 +266,7 @@ class AdaptiveBudget:
         if not self.timed:
             overhead_seconds, forward_seconds = 0.0, None
         self.lookup.overheads.append(overhead_seconds)
-        self._record_forward("verify", nodes, forward_seconds)
+        self.record_forward("verify", nodes, forward_seconds)
         self._estimates = None  # the verify forwards' scale moved
 
     def record_step(
@@ -280,7 +280,7 @@ class AdaptiveBudget:
         ranks = tree.ranks if tree.ranks is not None else torch.arange(len(tree))
         path_ranks = np.maximum.accumulate(ranks[path[1:]].numpy()) if len(path) > 1 else np.zeros(0, np.int64)
         self.history.append(StepRecord(budget, path_ranks, overhead_seconds))
-        self._record_forward("verify", len(tree), forward_seconds)
+        self.record_forward("verify", len(tree), forward_seconds)
         self._estimates = None
         self.plain_run = 0
         if self.lost_probes:  # a probe: one that beat plain decoding restarts the wait (the text may have changed)
@@ -290,10 +290,11 @@ class AdaptiveBudget:
 
     def record_plain_step(self, forward_seconds: float | None = None) -> None:
         """After a plain decoding step (counts towards the next probe), with its forward's seconds."""
-        self._record_forward("plain", 1, forward_seconds)
+        self.record_forward("plain", 1, forward_seconds)
         self.plain_run += 1
 
-    def _record_forward(self, kind: str, nodes: int, seconds: float | None) -> None:
+    def record_forward(self, kind: str, nodes: int, seconds: float | None) -> None:
+        """A target forward of `kind` ("plain" or "verify") over `nodes` nodes took `seconds` (None: untimed)."""
         if seconds is not None and self.timed:  # (a window of 0 keeps nothing)
             (self.timings.plain if kind == "plain" else self.timings.verify).append(seconds / self.costs(nodes))
 
@@ -434,6 +435,9 @@ class FixedBudget:
         pass
 
     def record_plain_step(self, *args, **kwargs) -> None:
+        pass
+
+    def record_forward(self, *args, **kwargs) -> None:
         pass
 
     def save(self, evidence: ModeEvidence) -> None:
