@@ -6,8 +6,8 @@ target verifies all rows' trees in one forward (per-row masks and positions: `da
 accepts its own path, token by token through the logits processors and stopping criteria with the row's own
 history and padding, as vanilla batched `generate` shows them to that row. A row that stops leaves the batch (its
 cache rows are dropped), so it costs no more target compute. One budget per step serves every row: the adaptive
-controller prices a step with the forward costs of the batch's size (`costs.calibrate_batch_forward_costs`), down
-to plain batched decoding where drafting does not pay.
+controller prices a step with the forward costs of the batch's size (`costs.calibrate_batch_forward_costs`), and a
+step drafts only while drafting measures no slower per committed token than plain batched steps (`StepRates`).
 
 What a row's output holds: the sequence as vanilla batched `generate` returns it (its left padding, its tokens,
 then `pad_token_id` up to the longest row); with `return_dict_in_generate`, scores and logits per step `[B, V]`,
@@ -37,8 +37,8 @@ from . import ragged, sliding_window
 from .budget import FixedBudget, batch_budget_controller
 from .features import forward_with_features
 from .options import check_fresh_cache, check_prompt_not_empty, decoding_mode, strip_left_padding
-from .stats import DartStats
 from .lookup import LookupTracker, find_continuations
+from .stats import DartStats
 from .tree import SampledChainPolicy, Tree
 from .verify import accept, append_token, choose_token
 
@@ -150,8 +150,9 @@ def decode_batch(setup: DecodeSetup, input_ids: torch.Tensor, model_kwargs: dict
         prefill_batch(setup, state, input_ids, model_kwargs.get("attention_mask"))
         while state.active:
             tick, committed = setup.clock(), state.stats.new_tokens
+            update_controller(setup, state)
             drafting = drafting_allowed(setup, state)
-            budget = next_budget(setup, state) if drafting else 0
+            budget = state.controller.next_budget() if drafting else 0
             chains = lookup_chains(setup, state) if drafting else {}
             if budget == 0:
                 plain_batch_step(setup, state, chains)
@@ -266,22 +267,21 @@ def prefill_batch(
     state.stats.prefill_time = setup.clock() - tick
 
 
-def next_budget(setup: DecodeSetup, state: BatchState) -> int:
-    """The step's budget for every row (0: a plain batched step), from the controller."""
-    return state.controller.next_budget()
+def update_controller(setup: DecodeSetup, state: BatchState) -> None:
+    """Build the controller for the batch's size, again when rows leave and the size moves to another calibrated
+    one (its evidence goes on)."""
+    rows = calibrated_rows(len(state.active))
+    if state.controller is None or rows != state.controller_rows:
+        (state.controller, state.evidence), state.controller_rows = batch_controller(setup, rows), rows
 
 
 def drafting_allowed(setup: DecodeSetup, state: BatchState) -> bool:
-    """Whether this step may draft (trees or lookup chains), after (re)building the controller for the batch's size
-    (when rows leave the batch and its size moves to another calibrated one). The controller prices steps from
+    """Whether this step may draft (trees or lookup chains), or must be plain. The controller prices steps from
     forward costs calibrated over a short context; a batch's context (long prompts padded to the longest, holes)
     makes a tree's forward grow faster than a plain one's, and the lookup chains it takes per row make every row's
     forward longer. So in a batch the measured seconds per committed token of recent drafting and plain steps
     decide first (`StepRates`); a controller with fixed inputs (`adaptive=False`, a pinned `ControllerState`) is
     followed as it is."""
-    rows = calibrated_rows(len(state.active))
-    if state.controller is None or rows != state.controller_rows:
-        (state.controller, state.evidence), state.controller_rows = batch_controller(setup, rows), rows
     if not setup.adaptive or not state.controller.timed:
         return True
     return state.rates.drafting_allowed()
