@@ -39,7 +39,7 @@ from .features import forward_with_features
 from .options import check_fresh_cache, check_prompt_not_empty, decoding_mode, strip_left_padding
 from .lookup import LookupTracker, find_continuations
 from .stats import DartStats
-from .tree import SampledChainPolicy, Tree
+from .tree import SampledChainPolicy, Tree, graft
 from .verify import accept, append_token, choose_token
 
 if TYPE_CHECKING:  # `generation` imports this module
@@ -400,27 +400,6 @@ def tree_batch_step(setup: DecodeSetup, state: BatchState, budget: int, chains: 
         drafted_path = [node for node in path if node < len(tree)]
         state.controller.record_step(tree, drafted_path, budget, overhead)
     state.controller.record_forward("verify", nodes, forward_seconds / rows)  # one forward, costs per row
-
-
-def graft(tree: Tree, chain: list[int]) -> Tree:
-    """`tree` with a context-lookup `chain` (the tokens after the root) hung from its root: along the drafted nodes
-    that already carry the chain's leading tokens, then as new nodes (ranked after every drafted one)."""
-    tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
-    children = tree.children()
-    node, start = 0, 0
-    while start < len(chain) and chain[start] in children[node]:
-        node = children[node][chain[start]]
-        start += 1
-    for token in chain[start:]:
-        tokens.append(token)
-        parents.append(node)
-        node = len(tokens) - 1
-    grafted = Tree.from_parents(tokens, parents)
-    if tree.ranks is not None:
-        extra = torch.arange(len(tokens) - len(tree), dtype=tree.ranks.dtype) + int(tree.ranks.max()) + 1
-        grafted.ranks = torch.cat([tree.ranks, extra])
-    grafted.proposals = tree.proposals
-    return grafted
 
 
 def run_batch_draft(setup: DecodeSetup, state: BatchState, budget: int) -> torch.Tensor:

@@ -373,3 +373,24 @@ class SampledChainPolicy:
         tree.ranks = torch.arange(num_levels + 1)
         tree.proposals = proposals
         return tree
+
+
+def graft(tree: Tree, chain: list[int]) -> Tree:
+    """`tree` with a context-lookup `chain` (the tokens after the root) hung from its root: along the drafted nodes
+    that already carry the chain's leading tokens, then as new nodes (ranked after every drafted one)."""
+    tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
+    children = tree.children()
+    node, start = 0, 0
+    while start < len(chain) and chain[start] in children[node]:
+        node = children[node][chain[start]]
+        start += 1
+    for token in chain[start:]:
+        tokens.append(token)
+        parents.append(node)
+        node = len(tokens) - 1
+    grafted = Tree.from_parents(tokens, parents)
+    if tree.ranks is not None:
+        extra = torch.arange(len(tokens) - len(tree), dtype=tree.ranks.dtype) + int(tree.ranks.max()) + 1
+        grafted.ranks = torch.cat([tree.ranks, extra])
+    grafted.proposals = tree.proposals
+    return grafted
