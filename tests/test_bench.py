@@ -17,7 +17,8 @@ def test_run_benchmark_summary_table_and_plot(tmp_path, monkeypatch):
         target, tokenizer, draft, ["set-a", "set-b"], prompts_per_set=2, max_new_tokens=16,
         methods=["vanilla", "prompt_lookup", "dart_chain", "dart_no_ngram", "dart_no_lookup", "dart"],
     )
-    assert set(summary) == {"set-a", "set-b", "overall", "machine", "weights_beside_target"}
+    assert set(summary) == {"set-a", "set-b", "overall", *bench.RUN_ENTRIES}
+    assert (summary["prompts_done"], summary["prompts_planned"], summary["sittings"]) == (4, 4, 1)
     assert summary["machine"]["dtype"] == "float32" and "near_ties" in summary["overall"]["dart"]
     overall = summary["overall"]
     assert overall["vanilla"]["speedup_total"] == 1.0 and overall["dart"]["prompts"] == 4
@@ -134,6 +135,46 @@ def test_each_dart_method_keeps_its_own_evidence_and_the_warm_up_leaves_none(mon
         assert not any(evidence[0] is e for _, e, _ in warm_up), method  # not the warm-up's
     assert timed_evidence["dart"][0] is not timed_evidence["dart_no_lookup"][0]
     assert all(length > 0 for _, _, length in timed[2:])
+
+
+def test_a_run_in_sittings_resumes_where_it_stopped_with_its_evidence(tmp_path, monkeypatch):
+    """A sitting stopped by max_minutes after each prompt: three sittings give the prompts, tokens and greedy checks
+    of one whole run, carry each DART method's controller evidence over, and say so; other settings are refused."""
+    import pytest
+
+    monkeypatch.setattr(bench, "load_prompts", lambda name, limit: [f"{name} prompt {i}" for i in range(limit)])
+    target = tiny_target("llama", seed=3)
+    draft = DartDraftModel.from_target(target)
+    path = tmp_path / "run.sitting.pt"
+    run = dict(prompts_per_set=3, max_new_tokens=12, methods=["vanilla", "prompt_lookup", "dart"])
+    whole = bench.run_benchmark(target, char_tokenizer(), draft, ["set-a"], **run)
+    seen = []  # how many verified steps the draft's evidence holds at the start of every DART call
+    generate = target.generate
+
+    def recording_generate(*args, **kwargs):
+        if "assistant_model" in kwargs:
+            seen.append(len(draft.controller_state.evidence.current.acceptance))
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(target, "generate", recording_generate)
+    for sitting in (1, 2, 3):
+        summary = bench.run_benchmark(target, char_tokenizer(), draft, ["set-a"], **run, sitting_path=path,
+                                      max_minutes=1e-9)
+        assert (summary["prompts_done"], summary["sittings"]) == (sitting, sitting)
+        if sitting < 3:
+            assert f"Unfinished: {sitting} of 3 prompts" in bench.markdown_table(summary)
+    warm_ups, timed = seen[0::2], seen[1::2]  # per sitting: the untimed warm-up, then one prompt
+    assert warm_ups == [0, 0, 0] and timed[0] == 0
+    assert timed[1] > 0 and timed[2] > 0  # the next sittings start from the evidence the last one saved
+    assert "Run in 3 sittings" in bench.markdown_table(summary)
+    for method in run["methods"]:
+        assert summary["overall"][method]["tokens"] == whole["overall"][method]["tokens"]
+        assert summary["overall"][method]["prompts"] == 3
+    assert summary["overall"]["dart"]["greedy_mismatches"] == 0
+    assert summary["overall"]["dart"]["draft_alpha"] == whole["overall"]["dart"]["draft_alpha"]
+    with pytest.raises(ValueError, match="other max_new_tokens"):
+        bench.run_benchmark(target, char_tokenizer(), draft, ["set-a"], **{**run, "max_new_tokens": 8},
+                            sitting_path=path)
 
 
 def test_speedups_are_per_new_token_and_a_sampled_run_has_no_greedy_check():

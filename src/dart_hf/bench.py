@@ -49,6 +49,8 @@ METHODS = [
     "vanilla", "vanilla_bf16", "vanilla_float32", "prompt_lookup", "assisted", "dart_chain", "dart_no_ngram",
     "dart_no_lookup", "dart_fixed_drafts", "dart_drawn_only", "dart",
 ]
+# a summary's entries about the whole run, beside its per-set rows
+RUN_ENTRIES = ("machine", "weights_beside_target", "prompts_done", "prompts_planned", "sittings")
 PEER_METHODS = ["prompt_lookup", "assisted"]  # what Transformers offers instead: prompt lookup, a small assistant
 # the assistant `--methods assisted` uses by default for a zoo target: a smaller model with the same tokenizer
 ASSISTANTS = {"qwen2.5-coder-1.5b-instruct": "qwen2.5-coder-0.5b-instruct"}
@@ -118,6 +120,8 @@ def run_benchmark(
     tree_options: dict | None = None,
     assistant=None,
     arms: dict[str, tuple[DartDraftModel, dict]] | None = None,
+    sitting_path: Path | None = None,
+    max_minutes: float | None = None,
 ) -> dict:
     """Run every method on every prompt, interleaved; returns a JSON-ready dict of per-set results. `target`'s
     dtype is the run's: "vanilla", the peers and the DART methods use it; "vanilla_bf16" / "vanilla_float32" load
@@ -125,7 +129,12 @@ def run_benchmark(
     target's tokenizer); "prompt_lookup" is its prompt lookup decoding (10 tokens). arms: more DART methods, by
     name, each with its own draft (bound to `target`) and `tree_options` on top of `tree_options`: two
     checkpoints, or two option sets (`benchmarks/ab_drafts.py`, `ab_options.py`); an arm's draft object keeps its
-    own controller state, so give each arm its own."""
+    own controller state, so give each arm its own.
+
+    In sittings: with `sitting_path`, the run's state (per-prompt results, near-tie evidence, each DART method's
+    controller evidence) is saved there after every prompt, and a run with the same settings resumes from it;
+    `max_minutes` ends a sitting at the first prompt boundary past that time (a sitting runs one prompt at least). The summary says how many of the
+    prompts it covers (`prompts_done` of `prompts_planned`) and over how many sittings."""
     methods = methods or list(DEFAULT_METHODS if target.dtype == torch.float32 else LOW_PRECISION_METHODS)
     if "vanilla" not in methods:
         methods = ["vanilla"] + methods  # the reference for every speedup and the greedy check
@@ -185,10 +194,17 @@ def run_benchmark(
     evidence = dict.fromkeys(dart_methods)
 
     clock = device_clock(target.device)
-    results: dict[str, dict[str, MethodResult]] = {}
-    near_ties: dict[str, NearTieReport] = {}
     work = [(name, prompt) for name in sets for prompt in load_prompts(name, prompts_per_set)]
-    for index, (set_name, prompt) in enumerate(tqdm(work, desc="benchmark", unit="prompt")):
+    settings = sitting_settings(target, draft, assistant, methods, work, max_new_tokens, do_sample, tree_options)
+    sitting = load_sitting(sitting_path, settings)
+    results, near_ties = sitting["results"], sitting["near_ties"]
+    if sitting["evidence"] is not None:
+        evidence = sitting["evidence"]
+    sitting["sittings"] += 1
+    deadline = clock() + 60 * max_minutes if max_minutes else None
+    for index in tqdm(range(sitting["done"], len(work)), desc="benchmark", unit="prompt", initial=sitting["done"],
+                      total=len(work)):
+        set_name, prompt = work[index]
         per_method = results.setdefault(set_name, {m: MethodResult(checked=m in checked_methods) for m in methods})
         inputs = chat_inputs(tokenizer, prompt).to(target.device)
         outputs = {}
@@ -211,30 +227,59 @@ def run_benchmark(
             result.tokens.append(output.shape[1] - inputs["input_ids"].shape[1])
             if method in draft_of:
                 result.add_stats(draft_of[method].stats, seconds)
-        if do_sample:
-            continue
-        reference = outputs["vanilla"]
-        for method in checked_methods:
-            if not torch.equal(outputs[method], reference):
-                per_method[method].mismatches += 1
-        prompt_length = inputs["input_ids"].shape[1]
-        near_ties.setdefault(set_name, NearTieReport()).add_prompt(
-            target, inputs["input_ids"][0], reference[0, prompt_length:], vanilla_logits,
-            {method: outputs[method][0, prompt_length:] for method in checked_methods},
-        )
-        agreement = {}  # untimed: each draft's agreement with vanilla's greedy output, once per draft object
-        for method in dart_methods:
-            method_draft = draft_of[method]
-            if id(method_draft) not in agreement:
-                agreement[id(method_draft)] = greedy_agreement(method_draft, target, reference, prompt_length)
-            per_method[method].add_alpha(*agreement[id(method_draft)])
+        if not do_sample:  # greedy: every checked method against vanilla, and each draft's agreement
+            reference = outputs["vanilla"]
+            for method in checked_methods:
+                if not torch.equal(outputs[method], reference):
+                    per_method[method].mismatches += 1
+            prompt_length = inputs["input_ids"].shape[1]
+            near_ties.setdefault(set_name, NearTieReport()).add_prompt(
+                target, inputs["input_ids"][0], reference[0, prompt_length:], vanilla_logits,
+                {method: outputs[method][0, prompt_length:] for method in checked_methods},
+            )
+            agreement = {}  # untimed: each draft's agreement with vanilla's greedy output, once per draft object
+            for method in dart_methods:
+                method_draft = draft_of[method]
+                if id(method_draft) not in agreement:
+                    agreement[id(method_draft)] = greedy_agreement(method_draft, target, reference, prompt_length)
+                per_method[method].add_alpha(*agreement[id(method_draft)])
+        sitting.update(done=index + 1, evidence=evidence)
+        if sitting_path is not None:
+            write_atomically(sitting_path, lambda tmp: torch.save(sitting, tmp))
+        if deadline is not None and clock() > deadline:
+            break
     summary = summarise(results, sampled=do_sample, near_ties=near_ties)
+    summary["prompts_done"], summary["prompts_planned"] = sitting["done"], len(work)
+    summary["sittings"] = sitting["sittings"]
     summary["weights_beside_target"] = {
         method: weights_beside_target(method, draft_of.get(method), assistant, copies.get(method)) for method in methods
     }
     dtype_name = str(target.dtype).removeprefix("torch.")
     summary["machine"] = {"device": device_description(target.device), "dtype": dtype_name}
     return summary
+
+
+def sitting_settings(target, draft, assistant, methods, work, max_new_tokens, do_sample, tree_options) -> dict:
+    """What a saved sitting must share with the run that resumes it: models, methods, prompts and decoding."""
+    return {
+        "target": target.name_or_path, "dtype": str(target.dtype), "methods": methods,
+        "draft": draft.name_or_path if draft is not None else None,
+        "assistant": assistant.name_or_path if assistant is not None else None,
+        "prompts": work, "max_new_tokens": max_new_tokens, "do_sample": do_sample, "tree_options": tree_options,
+    }
+
+
+def load_sitting(path: Path | None, settings: dict) -> dict:
+    """The saved state of an unfinished run with these `settings` at `path`, or a fresh one. Raises ValueError where
+    `path` holds a run with other settings."""
+    if path is None or not Path(path).exists():
+        return {"settings": settings, "done": 0, "sittings": 0, "results": {}, "near_ties": {}, "evidence": None}
+    sitting = torch.load(path, weights_only=False)  # written by this harness: dataclasses, not only tensors
+    differing = [key for key in settings if sitting["settings"].get(key) != settings[key]]
+    if differing:
+        raise ValueError(f"{path} holds an unfinished benchmark with other {', '.join(differing)}: rerun with that "
+                         "run's settings to finish it, or delete the file (or pick another --out) to start anew.")
+    return sitting
 
 
 def dart_method_options(method: str) -> dict:
@@ -378,8 +423,8 @@ def _merge(results: dict[str, dict[str, MethodResult]]) -> dict[str, MethodResul
 
 
 def result_sets(summary: dict) -> dict[str, dict]:
-    """The per-set (and overall) rows of a summary, without its `machine` and `weights_beside_target` entries."""
-    return {name: rows for name, rows in summary.items() if name not in ("machine", "weights_beside_target")}
+    """The per-set (and overall) rows of a summary, without its run-wide entries (machine, extra weights, progress)."""
+    return {name: rows for name, rows in summary.items() if name not in RUN_ENTRIES}
 
 
 def markdown_table(summary: dict) -> str:
@@ -387,6 +432,7 @@ def markdown_table(summary: dict) -> str:
     the prompts (and over vanilla float32 where the run has it), for DART tau and the shares of plain-decoding and
     context-lookup steps; then the draft's alpha, the near-tie judgement of a low-precision run and the machine."""
     machine, extra = summary.get("machine"), summary.get("weights_beside_target")
+    progress = {key: summary.get(key, 1) for key in ("prompts_done", "prompts_planned", "sittings")}
     summary = result_sets(summary)
     methods = list(next(iter(summary.values())))
     header = "| set | " + " | ".join(f"{m} speedup (tau)" for m in methods) + " |"
@@ -432,6 +478,11 @@ def markdown_table(summary: dict) -> str:
             f"{method} {size / 2**20:,.1f} MiB" for method, size in weights.items()) + "."]
     if machine:
         lines += ["", f"Machine: {machine['device']}; the target in {machine['dtype']}."]
+    if progress["prompts_done"] < progress["prompts_planned"]:
+        lines += ["", f"Unfinished: {progress['prompts_done']} of {progress['prompts_planned']} prompts, in "
+                  f"{progress['sittings']} sitting(s); rerun the same command to go on."]
+    elif progress["sittings"] > 1:
+        lines += ["", f"Run in {progress['sittings']} sittings (each with its own untimed warm-up)."]
     return "\n".join(lines)
 
 
@@ -486,10 +537,15 @@ def main(argv: list[str] | None = None) -> None:
                         help="the target's dtype for vanilla and DART (auto: the fastest this hardware has, as "
                         "`zoo.load_target` picks it); a low-precision run also times vanilla float32")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/bench"))
+    parser.add_argument("--max-minutes", type=float, default=None,
+                        help="end this sitting at the first prompt past this time; rerunning the same command goes on "
+                        "from OUT.sitting.pt")
     short_usage(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.prompts_per_set, args.max_new_tokens = 2, 32
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    sitting_path = Path(f"{args.out}.sitting.pt")  # the unfinished run's state, removed once it completes
     target, tokenizer = load_target(args.target, dtype=None if args.dtype == "auto" else getattr(torch, args.dtype))
     draft = load_draft(args.draft, target) if args.draft else None
     assistant = None
@@ -501,13 +557,16 @@ def main(argv: list[str] | None = None) -> None:
     summary = run_benchmark(
         target, tokenizer, draft, args.sets, args.prompts_per_set, args.max_new_tokens, do_sample=args.sample,
         methods=args.methods, tree_options={"budget": args.tree_budget} if args.tree_budget else None,
-        assistant=assistant,
+        assistant=assistant, sitting_path=sitting_path, max_minutes=args.max_minutes,
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     for suffix, text in ((".json", json.dumps(summary, indent=2) + "\n"), (".md", markdown_table(summary) + "\n")):
         write_atomically(Path(f"{args.out}{suffix}"), lambda tmp: Path(tmp).write_text(text))
     plot(summary, Path(f"{args.out}.png"))
     print(markdown_table(summary))
+    if summary["prompts_done"] == summary["prompts_planned"]:
+        sitting_path.unlink(missing_ok=True)
+    else:
+        print(f"\nThis sitting ended at --max-minutes: rerun the same command to go on from {sitting_path}.")
 
 
 if __name__ == "__main__":
