@@ -137,6 +137,22 @@ def test_each_dart_method_keeps_its_own_evidence_and_the_warm_up_leaves_none(mon
     assert all(length > 0 for _, _, length in timed[2:])
 
 
+def test_the_sets_take_turns_prompt_by_prompt(monkeypatch):
+    monkeypatch.setattr(bench, "load_prompts", lambda name, limit: [f"{name} prompt {i}" for i in range(limit)][:2])
+    chat_inputs, asked = bench.chat_inputs, []
+
+    def recording_chat_inputs(tokenizer, prompt):
+        asked.append(prompt)
+        return chat_inputs(tokenizer, prompt)
+
+    monkeypatch.setattr(bench, "chat_inputs", recording_chat_inputs)
+    target = tiny_target("llama", seed=3)
+    summary = bench.run_benchmark(target, char_tokenizer(), None, ["a", "b", "c"], prompts_per_set=3,
+                                  max_new_tokens=2, methods=["vanilla"])
+    assert asked[1:] == ["a prompt 0", "b prompt 0", "c prompt 0", "a prompt 1", "b prompt 1", "c prompt 1"]
+    assert list(bench.result_sets(summary)) == ["a", "b", "c", "overall"]
+
+
 def test_a_run_in_sittings_resumes_where_it_stopped_with_its_evidence(tmp_path, monkeypatch):
     """A sitting stopped by max_minutes after each prompt: three sittings give the prompts, tokens and greedy checks
     of one whole run, carry each DART method's controller evidence over, and say so; other settings are refused."""

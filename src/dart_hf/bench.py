@@ -123,7 +123,8 @@ def run_benchmark(
     sitting_path: Path | None = None,
     max_minutes: float | None = None,
 ) -> dict:
-    """Run every method on every prompt, interleaved; returns a JSON-ready dict of per-set results. `target`'s
+    """Run every method on every prompt, interleaved (and the sets in turn); returns a JSON-ready dict of per-set
+    results. `target`'s
     dtype is the run's: "vanilla", the peers and the DART methods use it; "vanilla_bf16" / "vanilla_float32" load
     a copy in that dtype. "assisted" is Transformers' assisted decoding with `assistant` (a smaller model with the
     target's tokenizer); "prompt_lookup" is its prompt lookup decoding (10 tokens). arms: more DART methods, by
@@ -194,7 +195,10 @@ def run_benchmark(
     evidence = dict.fromkeys(dart_methods)
 
     clock = device_clock(target.device)
-    work = [(name, prompt) for name in sets for prompt in load_prompts(name, prompts_per_set)]
+    # the sets take turns, prompt by prompt: drift in the machine, the controller's evidence, or a sitting that
+    # ends early spread over every set alike
+    prompts = {name: load_prompts(name, prompts_per_set) for name in sets}
+    work = [(name, prompts[name][i]) for i in range(prompts_per_set) for name in sets if i < len(prompts[name])]
     settings = sitting_settings(target, draft, assistant, methods, work, max_new_tokens, do_sample, tree_options)
     sitting = load_sitting(sitting_path, settings)
     results, near_ties = sitting["results"], sitting["near_ties"]
