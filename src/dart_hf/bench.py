@@ -2,7 +2,8 @@
 decoding, assisted decoding with a smaller model of the same tokenizer), side by side.
 
 Methods run interleaved prompt by prompt (the same prompts, the same process, the order reversed on every other
-prompt), so machine noise hits all of them alike. Speed is reported as ratios to vanilla `generate`'s seconds per
+prompt; the sets take turns, one prompt each), so machine noise hits all of them alike. A long run goes in sittings
+(`--max-minutes`; the same command resumes it). Speed is reported as ratios to vanilla `generate`'s seconds per
 new token in the bench's dtype (`--dtype`, the target's): the median of per-prompt ratios and the total-time ratio
 (greedy outputs are the same tokens for every method, so these are plain time ratios; sampled ones may end at
 different lengths), and, in a low-precision run, over vanilla float32 too. Every greedy output of DART and the
@@ -17,6 +18,7 @@ prompt of its own (first-call setup and DART's one-time cost calibration stay ou
     dart-hf bench --draft smollm2-135m-instruct-dart --dtype bfloat16   # against vanilla bfloat16 and float32
     dart-hf bench --target qwen2.5-coder-1.5b-instruct --draft DRAFT --dtype bfloat16 \
         --methods vanilla assisted prompt_lookup dart                   # the peers, the 0.5B as the assistant
+    dart-hf bench ... --max-minutes 50                                  # a sitting; rerun the same to go on
 """
 
 from __future__ import annotations
