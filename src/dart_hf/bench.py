@@ -126,9 +126,8 @@ def run_benchmark(
     max_minutes: float | None = None,
 ) -> dict:
     """Run every method on every prompt, interleaved (and the sets in turn); returns a JSON-ready dict of per-set
-    results. `target`'s
-    dtype is the run's: "vanilla", the peers and the DART methods use it; "vanilla_bf16" / "vanilla_float32" load
-    a copy in that dtype. "assisted" is Transformers' assisted decoding with `assistant` (a smaller model with the
+    results. `target`'s dtype is the run's: "vanilla", the peers and the DART methods use it; "vanilla_bf16" /
+    "vanilla_float32" load a copy in that dtype. "assisted" is Transformers' assisted decoding with `assistant` (a smaller model with the
     target's tokenizer); "prompt_lookup" is its prompt lookup decoding (10 tokens). arms: more DART methods, by
     name, each with its own draft (bound to `target`) and `tree_options` on top of `tree_options`: two
     checkpoints, or two option sets (`benchmarks/ab_drafts.py`, `ab_options.py`); an arm's draft object keeps its
@@ -136,8 +135,9 @@ def run_benchmark(
 
     In sittings: with `sitting_path`, the run's state (per-prompt results, near-tie evidence, each DART method's
     controller evidence) is saved there after every prompt, and a run with the same settings resumes from it;
-    `max_minutes` ends a sitting at the first prompt boundary past that time (a sitting runs one prompt at least). The summary says how many of the
-    prompts it covers (`prompts_done` of `prompts_planned`) and over how many sittings."""
+    `max_minutes` ends a sitting at the first prompt boundary past that time (a sitting runs one prompt at least).
+    The summary says how many of the prompts it covers (`prompts_done` of `prompts_planned`) and over how many
+    sittings."""
     methods = methods or list(DEFAULT_METHODS if target.dtype == torch.float32 else LOW_PRECISION_METHODS)
     if "vanilla" not in methods:
         methods = ["vanilla"] + methods  # the reference for every speedup and the greedy check
