@@ -127,11 +127,11 @@ def run_benchmark(
 ) -> dict:
     """Run every method on every prompt, interleaved (and the sets in turn); returns a JSON-ready dict of per-set
     results. `target`'s dtype is the run's: "vanilla", the peers and the DART methods use it; "vanilla_bf16" /
-    "vanilla_float32" load a copy in that dtype. "assisted" is Transformers' assisted decoding with `assistant` (a smaller model with the
-    target's tokenizer); "prompt_lookup" is its prompt lookup decoding (10 tokens). arms: more DART methods, by
-    name, each with its own draft (bound to `target`) and `tree_options` on top of `tree_options`: two
-    checkpoints, or two option sets (`benchmarks/ab_drafts.py`, `ab_options.py`); an arm's draft object keeps its
-    own controller state, so give each arm its own.
+    "vanilla_float32" load a copy in that dtype. "assisted" is Transformers' assisted decoding with `assistant` (a
+    smaller model with the target's tokenizer); "prompt_lookup" is its prompt lookup decoding (10 tokens). arms:
+    more DART methods, by name, each with its own draft (bound to `target`) and `tree_options` on top of
+    `tree_options`: two checkpoints, or two option sets (`benchmarks/ab_drafts.py`, `ab_options.py`); an arm's
+    draft object keeps its own controller state, so give each arm its own.
 
     In sittings: with `sitting_path`, the run's state (per-prompt results, near-tie evidence, each DART method's
     controller evidence) is saved there after every prompt, and a run with the same settings resumes from it;
