@@ -1,9 +1,12 @@
-"""Shared by the benchmark scripts: print the results and write them as JSON when asked, vanilla's outputs that the
-replays read, and the replays' table of tree settings. (Interleaved side-by-side runs go through one harness,
-`dart_hf.bench.run_benchmark`, with DART arms for drafts or option sets.)"""
+"""Shared by the benchmark scripts: print the results and write them as JSON when asked, the resident-memory
+sampler, vanilla's outputs that the replays read, and the replays' table of tree settings. (Interleaved
+side-by-side runs go through one harness, `dart_hf.bench.run_benchmark`, with DART arms for drafts or option
+sets.)"""
 
 import argparse
 import json
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +22,33 @@ def report(results: dict, out: Path | None) -> None:
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(out, lambda temporary: Path(temporary).write_text(json.dumps(results, indent=2) + "\n"))
+
+
+class PeakMemory:
+    """The peak resident set size of this process above its size at entry, in bytes, sampled every 2 ms."""
+
+    def __enter__(self):
+        self.start = self.peak = resident_bytes()
+        self.running = True
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def _sample(self):
+        while self.running:
+            self.peak = max(self.peak, resident_bytes())
+            time.sleep(0.002)
+
+    def __exit__(self, *exc):
+        self.running = False
+        self.thread.join()
+        self.peak = max(self.peak, resident_bytes())
+        self.above_start = self.peak - self.start
+
+
+def resident_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * 4096
 
 
 def vanilla_outputs(

@@ -13,47 +13,19 @@ in bfloat16 the near-tie judgement (`dart_hf.near_ties`).
 """
 
 import argparse
-import threading
 import time
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import torch
-from _common import report
+from _common import PeakMemory, report
 
 from dart_hf.bench import BENCHMARK_SETS, bootstrap_interval, chat_inputs
 from dart_hf.hardware import device_description
 from dart_hf.near_ties import NearTieReport
 from dart_hf.prompts import load_prompts
 from dart_hf.zoo import load_draft, load_target
-
-
-class PeakMemory:
-    """The peak resident set size of this process above its size at entry, in bytes, sampled every 2 ms."""
-
-    def __enter__(self):
-        self.start = self.peak = resident_bytes()
-        self.running = True
-        self.thread = threading.Thread(target=self._sample, daemon=True)
-        self.thread.start()
-        return self
-
-    def _sample(self):
-        while self.running:
-            self.peak = max(self.peak, resident_bytes())
-            time.sleep(0.002)
-
-    def __exit__(self, *exc):
-        self.running = False
-        self.thread.join()
-        self.peak = max(self.peak, resident_bytes())
-        self.above_start = self.peak - self.start
-
-
-def resident_bytes() -> int:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * 4096
 
 
 def left_padded(rows: list[list[int]], pad_token_id: int) -> dict:

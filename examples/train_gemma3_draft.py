@@ -69,14 +69,18 @@ def prompt_pools() -> dict[str, list[str]]:
     return pools
 
 
-def train(output: str, max_steps: int, eval_steps: int, draft_vocab_size: int, resume: str | None = None) -> None:
+def train(
+    output: str, max_steps: int, eval_steps: int, draft_vocab_size: int, anchors_per_sequence: int,
+    resume: str | None = None,
+) -> None:
     """`dart-hf train` on the training split; `resume` (a checkpoint folder) continues its weights, optimizer and
     step count, the cosine schedule then stretched to the new `max_steps`."""
     config = {
         "target": TARGET, "train_files": [str(DATA / "train.jsonl")], "eval_files": [str(DATA / "heldout.jsonl")],
         "output_dir": output, "max_steps": max_steps, "per_device_train_batch_size": 8,
         "learning_rate": 5e-4, "lr_scheduler_type": "cosine", "warmup_steps": 20, "max_grad_norm": 0.5,
-        "draft_vocab_size": draft_vocab_size, "anchors_per_sequence": 24, "max_length": MAX_LENGTH,
+        "draft_vocab_size": draft_vocab_size, "anchors_per_sequence": anchors_per_sequence,
+        "max_length": MAX_LENGTH,
         "feature_dropout": 0.1, "train_sampling_strategy": "group_by_length",
         "eval_strategy": "steps", "eval_steps": eval_steps, "save_steps": eval_steps, "save_total_limit": 3,
         # one held-out example at a time: every reply token is an anchor there, and the teacher's 262,144-token
@@ -208,7 +212,8 @@ def main() -> None:
                              "--batch-size", "16", "--dtype", "bfloat16")
     if args.max_steps > 0:
         split_held_out(DATA / "selfdistill.jsonl", DATA)
-        train(args.output, args.max_steps, args.eval_steps, args.draft_vocab_size, args.resume)
+        train(args.output, args.max_steps, args.eval_steps, args.draft_vocab_size, args.anchors_per_sequence,
+              args.resume)
         build_ngram(Path(args.output))
 
 

@@ -24,6 +24,8 @@ def recipe_parser(description: str, prompts: int, eval_steps: int, draft_vocab_s
     parser.add_argument("--max-steps", type=int, default=0, help="train for this many steps (0: no training)")
     parser.add_argument("--eval-steps", type=int, default=eval_steps, help="evaluate and checkpoint this often")
     parser.add_argument("--draft-vocab-size", type=int, default=draft_vocab_size)
+    parser.add_argument("--anchors-per-sequence", type=int, default=24,
+                        help="mask blocks per training sequence: the supervision the depths past the first get")
     parser.add_argument("--resume", default=None, help="continue training from this checkpoint folder")
     parser.add_argument("--output", default=output)
     parser.add_argument("--alphas", default=None, help="only report this draft's held-out alpha_1..8")
