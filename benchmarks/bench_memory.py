@@ -21,7 +21,15 @@ from pathlib import Path
 import torch
 from _common import PeakMemory, report, resident_bytes
 
-from dart_hf.bench import ASSISTANTS, BENCHMARK_SETS, PEER_METHODS, WARM_UP_PROMPT, chat_inputs, weights_beside_target
+from dart_hf.bench import (
+    ASSISTANTS,
+    BENCHMARK_SETS,
+    PEER_METHODS,
+    WARM_UP_PROMPT,
+    chat_inputs,
+    decoding_kwargs,
+    weights_beside_target,
+)
 from dart_hf.files import write_atomically
 from dart_hf.hardware import device_description
 from dart_hf.prompts import load_prompts
@@ -43,15 +51,9 @@ def measure_method(method: str, args: argparse.Namespace) -> dict:
     dtype = getattr(torch, args.dtype)
     target, tokenizer = load_target(args.target, dtype=dtype)
     kwargs = dict(max_new_tokens=args.max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id)
-    draft = assistant = None
-    if method == "assisted":
-        assistant = load_target(args.assistant, dtype=dtype, device=target.device)[0]
-        kwargs["assistant_model"] = assistant
-    elif method == "prompt_lookup":
-        kwargs["prompt_lookup_num_tokens"] = 10
-    elif method == "dart":
-        draft = load_draft(args.draft, target)
-        kwargs["assistant_model"] = draft
+    assistant = load_target(args.assistant, dtype=dtype, device=target.device)[0] if method == "assisted" else None
+    draft = load_draft(args.draft, target) if method == "dart" else None
+    kwargs.update(decoding_kwargs(method, assistant, draft))
     target.generate(**chat_inputs(tokenizer, WARM_UP_PROMPT), **{**kwargs, "max_new_tokens": 16})
     loaded = resident_bytes()
     outputs = []

@@ -42,15 +42,16 @@ def git_ignored(path: Path) -> bool:
         return False
 
 
+def in_a_fresh_clone(path: Path) -> bool:
+    return path.exists() and not git_ignored(path)
+
+
 def resolves(path: Path) -> bool:
-    """The path exists and is not git-ignored (a glob: matches such a file), or is a benchmark's `--out` prefix (its
-    `.json` report does)."""
+    """The path is in a fresh clone (a glob: matches such a file), or is a benchmark's `--out` prefix (its `.json`
+    report is)."""
     if "*" in path.name:
-        return any(not git_ignored(match) for match in path.parent.glob(path.name))
-    if path.exists() and not git_ignored(path):
-        return True
-    report = path.with_name(path.name + ".json")
-    return report.exists() and not git_ignored(report)
+        return any(in_a_fresh_clone(match) for match in path.parent.glob(path.name))
+    return in_a_fresh_clone(path) or in_a_fresh_clone(path.with_name(path.name + ".json"))
 
 
 @pytest.mark.parametrize("document", DOCUMENTS, ids=lambda path: path.name)

@@ -163,12 +163,8 @@ def run_benchmark(
         """(model, generate kwargs) of a method."""
         kwargs = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, pad_token_id=tokenizer.pad_token_id)
         model = copies.get(method, target)
-        if method == "prompt_lookup":
-            kwargs["prompt_lookup_num_tokens"] = 10
-        elif method == "assisted":
-            kwargs["assistant_model"] = assistant
-        elif method in draft_of:
-            kwargs["assistant_model"] = draft_of[method]
+        kwargs.update(decoding_kwargs(method, assistant, draft_of.get(method)))
+        if method in draft_of:
             kwargs["dart_chain"] = method == "dart_chain"  # Transformers' assisted decoding, DART's chain candidates
             kwargs["tree_options"] = {**(tree_options or {}), **dart_method_options(method),
                                       **(arms[method][1] if method in arms else {})}
@@ -286,6 +282,16 @@ def load_sitting(path: Path | None, settings: dict) -> dict:
         raise ValueError(f"{path} holds an unfinished benchmark with other {', '.join(differing)}: rerun with that "
                          "run's settings to finish it, or delete the file (or pick another --out) to start anew.")
     return sitting
+
+
+def decoding_kwargs(method: str, assistant=None, draft: DartDraftModel | None = None) -> dict:
+    """The `generate` kwargs that choose a method's decoding: prompt lookup (10 tokens), assisted decoding with
+    `assistant`, a DART method with its `draft`; none for vanilla."""
+    if method == "prompt_lookup":
+        return {"prompt_lookup_num_tokens": 10}
+    if method == "assisted":
+        return {"assistant_model": assistant}
+    return {"assistant_model": draft} if draft is not None else {}
 
 
 def dart_method_options(method: str) -> dict:
