@@ -1,4 +1,4 @@
-"""Shared by the benchmark scripts: print the results and write them as JSON when asked, the resident-memory
+"""Shared by the benchmark scripts: print the results and write them as JSON when asked, the memory
 sampler, vanilla's outputs that the replays read, and the replays' table of tree settings. (Interleaved
 side-by-side runs go through one harness, `dart_hf.bench.run_benchmark`, with DART arms for drafts or option
 sets.)"""
@@ -25,10 +25,12 @@ def report(results: dict, out: Path | None) -> None:
 
 
 class PeakMemory:
-    """The peak resident set size of this process above its size at entry, in bytes, sampled every 2 ms."""
+    """The peak resident set size of this process (`peak`, and `above_start`: above its size at entry) and the peak
+    of its anonymous part (`anonymous_peak`), in bytes, sampled every 2 ms (`memory_sizes`)."""
 
     def __enter__(self):
-        self.start = self.peak = resident_bytes()
+        self.start, _ = memory_sizes()
+        self.peak, self.anonymous_peak = memory_sizes()
         self.running = True
         self.thread = threading.Thread(target=self._sample, daemon=True)
         self.thread.start()
@@ -36,19 +38,29 @@ class PeakMemory:
 
     def _sample(self):
         while self.running:
-            self.peak = max(self.peak, resident_bytes())
+            self._update()
             time.sleep(0.002)
+
+    def _update(self):
+        resident, anonymous = memory_sizes()
+        self.peak = max(self.peak, resident)
+        self.anonymous_peak = max(self.anonymous_peak, anonymous)
 
     def __exit__(self, *exc):
         self.running = False
         self.thread.join()
-        self.peak = max(self.peak, resident_bytes())
+        self._update()
         self.above_start = self.peak - self.start
 
 
-def resident_bytes() -> int:
+def memory_sizes() -> tuple[int, int]:
+    """(resident, anonymous) bytes of this process. Resident counts the pages of files it maps, such as a
+    safetensors checkpoint read through mmap while loading: page cache the kernel drops under memory pressure.
+    Anonymous (resident less shared) is the memory only this process holds."""
     with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * 4096
+        fields = statm.read().split()
+    resident, shared = int(fields[1]) * 4096, int(fields[2]) * 4096
+    return resident, resident - shared
 
 
 def vanilla_outputs(
