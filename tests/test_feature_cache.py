@@ -1,4 +1,5 @@
-"""The offline feature cache: the same training rows as online features, resumable, and refused when stale."""
+"""The offline feature cache: the same training rows as online features, resumable, grown with new data, and refused
+when built with other settings."""
 
 import pytest
 import torch
@@ -48,19 +49,46 @@ def test_cached_rows_equal_online_rows_and_the_cache_resumes(tmp_path):
     assert not list((tmp_path / "cache").glob("*.tmp"))
 
 
-def test_a_stale_cache_is_refused(tmp_path):
+def test_a_cache_for_other_settings_or_examples_is_refused(tmp_path):
     target = tiny_target("llama", seed=1)
     examples = [{"prompt_ids": [1, 2, 3], "response_ids": [4, 5, 6]}, {"prompt_ids": [7, 8], "response_ids": [9]}]
     build_feature_cache(target, examples, [2, 3, 4], tmp_path, shard_size=1, progress=False)
+    for settings in ({"feature_layers": [1, 3, 4]}, {"dtype": torch.float16}, {"shard_size": 2}):
+        arguments = {"feature_layers": [2, 3, 4], "shard_size": 1, **settings}
+        with pytest.raises(ValueError, match="other settings .* delete that folder"):
+            build_feature_cache(target, examples, directory=tmp_path, progress=False, **arguments)
     other = [examples[0], {"prompt_ids": [7, 8], "response_ids": [10]}]
-    with pytest.raises(ValueError, match="delete that folder"):
-        build_feature_cache(target, other, [2, 3, 4], tmp_path, shard_size=1, progress=False)
-    with pytest.raises(ValueError, match="delete that folder"):
-        build_feature_cache(target, examples, [1, 3, 4], tmp_path, shard_size=1, progress=False)
     with pytest.raises(ValueError, match="other examples"):
         CachedFeatureDataset(other, FeatureCache(tmp_path))
+    with pytest.raises(ValueError, match="holds 2 examples, the dataset 1"):
+        CachedFeatureDataset(examples[:1], FeatureCache(tmp_path))
     with pytest.raises(FileNotFoundError, match="build it first"):
         FeatureCache(tmp_path / "missing")
+
+
+def test_new_data_reuses_the_shards_whose_examples_are_unchanged(tmp_path):
+    target = tiny_target("llama", seed=1)
+    examples = [{"prompt_ids": [1, 2, 3 + i], "response_ids": [4, 5 + i]} for i in range(7)]
+    layers = [2, 3, 4]
+    build_feature_cache(target, examples[:3], layers, tmp_path / "cache", shard_size=2, progress=False)
+    kept = (tmp_path / "cache" / "shard-00000.safetensors").stat().st_mtime_ns
+    partial = (tmp_path / "cache" / "shard-00001.safetensors").stat().st_mtime_ns
+
+    grown = build_feature_cache(target, examples, layers, tmp_path / "cache", shard_size=2, progress=False)
+    assert (tmp_path / "cache" / "shard-00000.safetensors").stat().st_mtime_ns == kept
+    assert (tmp_path / "cache" / "shard-00001.safetensors").stat().st_mtime_ns != partial
+    fresh = build_feature_cache(target, examples, layers, tmp_path / "fresh", shard_size=2, progress=False)
+    CachedFeatureDataset(examples, grown)  # every shard holds the examples at its indices
+    for index in range(7):
+        torch.testing.assert_close(grown[index], fresh[index], rtol=0, atol=0)
+
+    changed = examples[:2] + [{"prompt_ids": [9, 9], "response_ids": [9]}]  # another example at index 2, fewer rows
+    shrunk = build_feature_cache(target, changed, layers, tmp_path / "cache", shard_size=2, progress=False)
+    assert (tmp_path / "cache" / "shard-00000.safetensors").stat().st_mtime_ns == kept
+    assert sorted(p.name for p in (tmp_path / "cache").glob("shard-*")) == [
+        "shard-00000.safetensors", "shard-00001.safetensors"]
+    CachedFeatureDataset(changed, shrunk)
+    assert shrunk[2][0].shape[0] == 3
 
 
 def test_a_target_that_changes_its_logits_after_the_head_is_refused(tmp_path):

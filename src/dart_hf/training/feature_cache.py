@@ -9,7 +9,9 @@ matrix product away: `lm_head(last_hidden)`), in safetensors shards under one fo
 
 Per token that is 4 * H values (about 4.6 KB for a 576-wide target in bfloat16), so it pays for small targets
 only. Shards are written to a temporary name and renamed, so building resumes after a crash and never reads a
-half-written shard; a cache whose examples or layers differ from the run's is refused.
+half-written shard. A shard is reused only while it holds the same examples at the same indices, so appending
+examples to the data recomputes the last, partial shard and the new ones only; a cache built with other feature
+layers, dtype or shard size is refused.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from ..files import write_atomically
 FEATURE_CACHE_FORMAT = "dart-hf-features"
 FEATURE_CACHE_VERSION = 1
 MANIFEST = "cache.json"
+SETTINGS = ("format", "version", "feature_layers", "dtype", "shard_size")  # what a cache is built with, beside its data
 
 
 def example_fingerprint(example: dict) -> str:
@@ -81,23 +84,26 @@ def build_feature_cache(
     manifest_path = directory / MANIFEST
     if manifest_path.exists():
         existing = json.loads(manifest_path.read_text())
-        if existing != manifest:
-            changed = sorted(k for k in manifest if existing.get(k) != manifest[k])
+        changed = sorted(k for k in SETTINGS if existing.get(k) != manifest[k])
+        if changed:
             raise ValueError(
-                f"The feature cache in {directory} was built for other data or settings ({', '.join(changed)} "
-                "differ); delete that folder or pick another feature_cache_dir."
+                f"The feature cache in {directory} was built with other settings ({', '.join(changed)} differ); "
+                "delete that folder or pick another feature_cache_dir."
             )
-    else:
+    if not manifest_path.exists() or json.loads(manifest_path.read_text()) != manifest:
         write_atomically(manifest_path, lambda tmp: Path(tmp).write_text(json.dumps(manifest, indent=1)))
 
     head_checked = False
     num_shards = -(-len(examples) // shard_size)
+    for path in directory.glob("shard-*.safetensors"):  # left by a build for more examples than these
+        if int(path.stem.removeprefix("shard-")) >= num_shards:
+            path.unlink()
     for shard in tqdm(range(num_shards), desc="caching target features", disable=not progress):
         path = directory / f"shard-{shard:05d}.safetensors"
-        if path.exists():
+        indices = list(range(shard * shard_size, min((shard + 1) * shard_size, len(examples))))
+        if _shard_fingerprints(path) == [fingerprints[i] for i in indices]:
             continue
         tensors = {}
-        indices = list(range(shard * shard_size, min((shard + 1) * shard_size, len(examples))))
         for start in range(0, len(indices), batch_size):
             chunk = indices[start : start + batch_size]
             sequences = [examples[i]["prompt_ids"] + examples[i]["response_ids"] for i in chunk]
@@ -123,6 +129,14 @@ def build_feature_cache(
         metadata = {"format": FEATURE_CACHE_FORMAT, "fingerprints": json.dumps([fingerprints[i] for i in indices])}
         write_atomically(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
     return FeatureCache(directory)
+
+
+def _shard_fingerprints(path: Path) -> list[str] | None:
+    """The fingerprints of the examples a shard holds, in index order; None if there is no such shard."""
+    if not path.exists():
+        return None
+    with safe_open(path, framework="pt") as shard:
+        return json.loads(shard.metadata()["fingerprints"])
 
 
 class FeatureCache:
