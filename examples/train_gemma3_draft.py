@@ -33,6 +33,7 @@ from dart_hf.training.recipe import (
     build_ngram_table,
     held_out_alphas,
     interleaved_prompt_file,
+    recipe_dtype,
     recipe_parser,
     self_distill_sitting,
     split_held_out,
@@ -71,7 +72,7 @@ def prompt_pools() -> dict[str, list[str]]:
 
 def train(
     output: str, max_steps: int, eval_steps: int, draft_vocab_size: int, anchors_per_sequence: int,
-    resume: str | None = None,
+    target_dtype: str, resume: str | None = None,
 ) -> None:
     """`dart-hf train` on the training split; `resume` (a checkpoint folder) continues its weights, optimizer and
     step count, the cosine schedule then stretched to the new `max_steps`."""
@@ -86,7 +87,7 @@ def train(
         # one held-out example at a time: every reply token is an anchor there, and the teacher's 262,144-token
         # logits over all those rows take gigabytes per example
         "per_device_eval_batch_size": 1,
-        "logging_steps": 10, "report_to": "none", "use_cpu": True, "target_dtype": "bfloat16",
+        "logging_steps": 10, "report_to": "none", "use_cpu": True, "target_dtype": target_dtype,
         "early_stopping_patience": 3, "dataloader_num_workers": 0, "seed": 1,
     }
     if resume:
@@ -205,15 +206,16 @@ def main() -> None:
     if args.alphas:
         return print(json.dumps(held_out_alphas(TARGET, args.alphas, DATA / "heldout.jsonl", MAX_LENGTH), indent=2))
     DATA.mkdir(parents=True, exist_ok=True)
+    dtype = recipe_dtype(args.dtype)
     if args.distill_minutes > 0:
         prompts = interleaved_prompt_file(DATA / "prompts.jsonl", prompt_pools(), KIND_MIX, args.prompts)
         self_distill_sitting(TARGET, prompts, DATA / "selfdistill.jsonl", args.distill_minutes,
                              "--prompt-tokens", str(PROMPT_TOKENS), "--max-new-tokens", str(NEW_TOKENS),
-                             "--batch-size", "16", "--dtype", "bfloat16")
+                             "--batch-size", "16", "--dtype", dtype)
     if args.max_steps > 0:
         split_held_out(DATA / "selfdistill.jsonl", DATA)
         train(args.output, args.max_steps, args.eval_steps, args.draft_vocab_size, args.anchors_per_sequence,
-              args.resume)
+              dtype, args.resume)
         build_ngram(Path(args.output))
 
 

@@ -13,8 +13,9 @@ CPU sittings: data (self-distilled replies, appended to), training (resumable ch
 Prompts come from the training prompt sets only (none is a benchmark prompt: `dart_hf.prompts.training_prompts`
 drops every prompt of HumanEval, MBPP, MT-Bench, GSM8K and the other benchmark sets), mixed in KIND_MIX's
 proportions in a seeded order: code (functions of Python's standard library to complete or write, as HumanEval and
-MBPP ask), open-ended chat, and maths. The target answers each greedily in bfloat16 (the hardware's fast dtype
-here; the float32 or bfloat16 target labels every token with its own distributions during training).
+MBPP ask), open-ended chat, and maths. The target answers each greedily, and labels every token with its own
+distributions during training, in the CPU's fast dtype (`--dtype auto`: bfloat16 where it multiplies bfloat16
+natively, else float32; the two dtypes' greedy replies differ only where the leading logits nearly tie).
 """
 
 import json
@@ -26,6 +27,7 @@ from dart_hf.training.recipe import (
     build_ngram_table,
     held_out_alphas,
     interleaved_prompt_file,
+    recipe_dtype,
     recipe_parser,
     self_distill_sitting,
     split_held_out,
@@ -57,7 +59,7 @@ def prompt_pools() -> dict[str, list[str]]:
 
 def train(
     output: str, max_steps: int, eval_steps: int, draft_vocab_size: int, anchors_per_sequence: int,
-    resume: str | None = None,
+    target_dtype: str, resume: str | None = None,
 ) -> None:
     """`dart-hf train` on the training split, the target's features cached once (9 KB a token in bfloat16) rather
     than recomputed every epoch; `resume` (a checkpoint folder) continues its weights, optimizer and step count."""
@@ -70,7 +72,7 @@ def train(
         "feature_dropout": 0.1, "feature_cache_dir": str(DATA / "features"),
         "eval_strategy": "steps", "eval_steps": eval_steps, "save_steps": eval_steps, "save_total_limit": 3,
         "per_device_eval_batch_size": 1,  # the teacher's 151,936-token logits over every reply row of an example
-        "logging_steps": 10, "report_to": "none", "use_cpu": True, "target_dtype": "bfloat16",
+        "logging_steps": 10, "report_to": "none", "use_cpu": True, "target_dtype": target_dtype,
         "dataloader_num_workers": 0, "seed": 1,
     }
     if resume:
@@ -86,15 +88,16 @@ def main() -> None:
     if args.alphas:
         return print(json.dumps(held_out_alphas(TARGET, args.alphas, DATA / "heldout.jsonl", MAX_LENGTH), indent=2))
     DATA.mkdir(parents=True, exist_ok=True)
+    dtype = recipe_dtype(args.dtype)
     if args.distill_minutes > 0:
         prompts = interleaved_prompt_file(DATA / "prompts.jsonl", prompt_pools(), KIND_MIX, args.prompts)
         self_distill_sitting(TARGET, prompts, DATA / "selfdistill.jsonl", args.distill_minutes,
                              "--max-new-tokens", str(NEW_TOKENS), "--batch-size", str(args.batch_size),
-                             "--dtype", "bfloat16")
+                             "--dtype", dtype)
     if args.max_steps > 0:
         split_held_out(DATA / "selfdistill.jsonl", DATA)
         train(args.output, args.max_steps, args.eval_steps, args.draft_vocab_size, args.anchors_per_sequence,
-              args.resume)
+              dtype, args.resume)
         build_ngram_table(DATA / "train.jsonl", Path(args.output), 151936,
                           "Qwen2.5-Coder-1.5B-Instruct's greedy replies (training split), prompts included")
 

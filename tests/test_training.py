@@ -128,6 +128,46 @@ def test_supervised_rows_only_give_the_same_loss_gradients_and_agreement(tmp_pat
         chain_lengths_of(kept_hits, kept_rows)
 
 
+def test_a_teacher_restricted_to_the_draft_vocabulary_gives_the_same_loss_and_gradients(tmp_path):
+    from dart_hf.training import CachedFeatureDataset, build_feature_cache
+    from dart_hf.training.trainer import draft_vocabulary
+
+    target = tiny_target("qwen2", dtype=torch.float64, seed=3)
+    vocab_ids = torch.randperm(target.config.vocab_size, generator=torch.Generator().manual_seed(0))[:48].sort().values
+    draft = DartDraftModel.from_target(target, draft_vocab_size=48, draft_to_target_ids=vocab_ids).double()
+    examples = [{"prompt_ids": e["prompt_ids"], "response_ids": e["response_ids"]}
+                for e in make_examples(target, 4, seed=8, tmp_path=tmp_path, new_tokens=10)]
+    cache = build_feature_cache(target, examples, list(draft.config.feature_layers), tmp_path / "cache",
+                                dtype=torch.float64, progress=False)
+    collator = DartDataCollator()
+    batches = {"online": collator(examples),
+               "cached": collator([CachedFeatureDataset(examples, cache)[i] for i in range(len(examples))])}
+    vocab = draft_vocabulary(draft)
+    for source, batch in batches.items():
+        results = []
+        for teacher_vocab in (None, vocab):
+            torch.manual_seed(0)  # the same anchors
+            rows = draft_rows(draft, target, batch, num_anchors=6, supervised_only=True, teacher_vocab=teacher_vocab)
+            loss = rows_loss(rows, gamma=0.6, draft_vocab_ids=vocab)
+            draft.zero_grad()
+            loss.backward()
+            grads = [p.grad.clone() for p in draft.parameters() if p.grad is not None]
+            results.append((loss.detach(), grads, rows))
+        (full_loss, full_grads, full_rows), (kept_loss, kept_grads, kept_rows) = results
+        assert kept_rows.target_logits.shape[-1] == 48 and full_rows.target_logits.shape[-1] == target.config.vocab_size
+        torch.testing.assert_close(kept_rows.target_logits, full_rows.target_logits[..., vocab], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(kept_loss, full_loss, rtol=1e-10, atol=0, msg=source)
+        for kept, full in zip(kept_grads, full_grads, strict=True):
+            torch.testing.assert_close(kept, full, rtol=1e-8, atol=1e-12)
+        # the target's choice: its top token among the draft's; the same as its overall top token where that is one
+        full_choice, kept_choice = full_rows.target_choice(), kept_rows.target_choice()
+        assert torch.isin(kept_choice, vocab).all()
+        inside = torch.isin(full_choice, vocab)
+        assert torch.equal(kept_choice[inside], full_choice[inside]) and (~inside).any()
+    with pytest.raises(ValueError, match="another vocabulary"):
+        rows_loss(kept_rows, gamma=0.6, draft_vocab_ids=vocab.flip(0))
+
+
 def test_training_lowers_the_loss_lifts_alpha_and_tau_and_stays_lossless(tmp_path):
     torch.manual_seed(0)
     target = tiny_target("llama", seed=7)

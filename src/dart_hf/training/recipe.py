@@ -29,7 +29,23 @@ def recipe_parser(description: str, prompts: int, eval_steps: int, draft_vocab_s
     parser.add_argument("--resume", default=None, help="continue training from this checkpoint folder")
     parser.add_argument("--output", default=output)
     parser.add_argument("--alphas", default=None, help="only report this draft's held-out alpha_1..8")
+    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                        help="the target's dtype while it writes replies and labels training rows (auto, the "
+                        "default: bfloat16 where this CPU multiplies it natively, else float32)")
     return parser
+
+
+def recipe_dtype(choice: str) -> str:
+    """The dtype name a recipe's `--dtype` choice stands for on this CPU ("auto": its fast dtype), printed with
+    the reason when it was chosen here."""
+    if choice != "auto":
+        return choice
+    from ..hardware import default_dtype
+
+    dtype, why = default_dtype("cpu")
+    name = str(dtype).removeprefix("torch.")
+    print(f"target dtype: {name} ({why})")
+    return name
 
 
 def interleaved_prompt_file(path: Path, pools: dict[str, list[str]], mix: dict[str, int], count: int) -> Path:

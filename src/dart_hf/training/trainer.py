@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from transformers import PreTrainedModel, Trainer
 from transformers.trainer_pt_utils import LengthGroupedSampler
 
@@ -148,9 +149,9 @@ class DartTrainer(Trainer):
         draft = self.accelerator.unwrap_model(model)
         rows = draft_rows(
             draft, self.target, inputs, self.anchors_per_sequence, forward=model, attention=self.training_attention,
-            supervised_only=True,
+            supervised_only=True, teacher_vocab=draft_vocabulary(draft),
         )
-        loss = rows_loss(rows, self.gamma, draft_vocabulary(draft))
+        loss = rows_loss(rows, self.gamma)
         if model.training:
             self._count_agreement(draft, rows)
         return (loss, rows) if return_outputs else loss
@@ -158,7 +159,7 @@ class DartTrainer(Trainer):
     @torch.no_grad()
     def _count_agreement(self, draft: DartDraftModel, rows: "DraftRows") -> None:
         num_depths = draft.config.draft_length
-        hit = (draft.draft_to_target(rows.draft_logits.argmax(dim=-1)) == rows.target_logits.argmax(dim=-1)) & rows.valid
+        hit = (draft.draft_to_target(rows.draft_logits.argmax(dim=-1)) == rows.target_choice()) & rows.valid
         depth_index = rows.depths.clamp(max=num_depths - 1)
         hits = torch.zeros(num_depths).index_add_(0, depth_index[hit].cpu(), torch.ones(int(hit.sum())))
         counts = torch.zeros(num_depths).index_add_(0, depth_index[rows.valid].cpu(), torch.ones(int(rows.valid.sum())))
@@ -166,7 +167,10 @@ class DartTrainer(Trainer):
         self._counts = counts if self._counts is None else self._counts + counts
 
     def log(self, logs: dict[str, float], *args, **kwargs) -> None:
-        """Add the training rows' top-1 agreement per drafted position (train_alpha_k) to the loss logs."""
+        """Add the training rows' top-1 agreement per drafted position (train_alpha_k) to the loss logs. With a
+        reduced draft vocabulary the target's choice there is its top token among the draft's (the teacher's
+        logits are computed for those tokens only); held-out alphas (`evaluate`) judge against its full
+        vocabulary."""
         if "loss" in logs and self._counts is not None:
             for depth, (hits, count) in enumerate(zip(self._hits.tolist(), self._counts.tolist())):
                 if count:
@@ -190,7 +194,8 @@ class DraftRows:
     """Per layout row, for a batch: draft logits `[B, R, V_d]`, the target's logits for the token the row
     predicts `[B, R, V]`, that token `[B, R]`, its depth `[B, R]` and whether it is a supervised response token;
     the anchor rows `[A]` of the mask blocks and the block size. With `rows` (the layout row indices `[K]`), only
-    those rows are here (R = K): the rows some example of the batch supervises."""
+    those rows are here (R = K): the rows some example of the batch supervises. With `target_vocab` (target ids
+    `[V_t]`), the target's logits cover those tokens only, in that order: `[B, R, V_t]`."""
 
     draft_logits: torch.Tensor
     target_logits: torch.Tensor
@@ -200,6 +205,12 @@ class DraftRows:
     anchors: torch.Tensor
     num_masks: int
     rows: torch.Tensor | None = None
+    target_vocab: torch.Tensor | None = None
+
+    def target_choice(self) -> torch.Tensor:
+        """The target's top token id per row `[B, R]` (among `target_vocab` when its logits are restricted)."""
+        choice = self.target_logits.argmax(dim=-1)
+        return choice if self.target_vocab is None else self.target_vocab[choice]
 
 
 def draft_rows(
@@ -210,6 +221,7 @@ def draft_rows(
     forward=None,
     attention: str = "dense",
     supervised_only: bool = False,
+    teacher_vocab: torch.Tensor | None = None,
 ) -> "DraftRows":
     """Run the frozen target and the draft (prefix-shared layout) over a batch.
 
@@ -219,6 +231,9 @@ def draft_rows(
     supervised_only: compute logits (the draft's and the target's) only for the rows that some example of the
     batch supervises, which is all the loss reads: prompt rows still feed the draft's attention, but skip its MLP
     and both output layers (most of a step for long prompts such as news articles).
+    teacher_vocab: target ids `[V_t]` (the reduced draft vocabulary, which the loss restricts the target's
+    distribution to): the target's logits are computed for these tokens only. From a feature cache its output
+    layer then multiplies V_t rows of its weight instead of the whole vocabulary (151,936 for Qwen).
     """
     forward = forward if forward is not None else draft
     input_ids, attention_mask, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
@@ -244,13 +259,21 @@ def draft_rows(
         if "target_features" in batch:  # from a feature cache: only the output layer runs
             features = batch["target_features"]
             head = target.get_output_embeddings()
-            target_logits = head(batch["target_last_hidden"][:, label_positions].to(head.weight.dtype))
+            hidden = batch["target_last_hidden"][:, label_positions].to(head.weight.dtype)
+            if teacher_vocab is None:
+                target_logits = head(hidden)
+            else:
+                bias = getattr(head, "bias", None)
+                target_logits = F.linear(hidden, head.weight.index_select(0, teacher_vocab),
+                                         None if bias is None else bias.index_select(0, teacher_vocab))
         else:
             keep = {"logits_to_keep": label_positions} if takes_logits_to_keep(target) else {}
             outputs, features = forward_with_features(
                 target, layers, input_ids=input_ids, attention_mask=attention_mask, **keep
             )
             target_logits = outputs.logits if keep else outputs.logits[:, label_positions]
+            if teacher_vocab is not None:
+                target_logits = target_logits.index_select(-1, teacher_vocab)
 
     if attention == "flex":
         mask = layout.block_mask(device)
@@ -277,13 +300,20 @@ def draft_rows(
         anchors=candidates,
         num_masks=num_masks,
         rows=rows,
+        target_vocab=teacher_vocab,
     )
 
 
 def rows_loss(rows: DraftRows, gamma: float, draft_vocab_ids: torch.Tensor | None = None) -> torch.Tensor:
-    """`dart_loss` over the supervised rows of `rows`, each weighted gamma ** depth."""
+    """`dart_loss` over the supervised rows of `rows`, each weighted gamma ** depth. draft_vocab_ids: the reduced
+    draft vocabulary (target ids `[V_d]`) when `rows` holds the target's logits over its full vocabulary; rows
+    whose target logits are already restricted to it (`draft_rows(..., teacher_vocab=...)`) need none."""
     weights = torch.where(rows.valid, gamma ** rows.depths.to(rows.draft_logits.dtype), 0.0)
     valid = rows.valid
+    if rows.target_vocab is not None:
+        if draft_vocab_ids is not None and not torch.equal(draft_vocab_ids, rows.target_vocab):
+            raise ValueError("rows_loss: the rows' target logits cover another vocabulary than draft_vocab_ids.")
+        draft_vocab_ids = None
     return dart_loss(rows.draft_logits[valid], rows.target_logits[valid], weights[valid], draft_vocab_ids)
 
 
@@ -353,7 +383,7 @@ def agreement(draft: DartDraftModel, rows: DraftRows) -> tuple[torch.Tensor, tor
     """Top-1 agreement of the draft with the target's greedy choice: hit `[B, R]` (bool, supervised rows only),
     and per depth the hits and the supervised rows, `[draft_length]` each."""
     guess = draft.draft_to_target(rows.draft_logits.argmax(dim=-1))
-    hit = (guess == rows.target_logits.argmax(dim=-1)) & rows.valid
+    hit = (guess == rows.target_choice()) & rows.valid
     depths = torch.arange(draft.config.draft_length, device=hit.device)
     at_depth = rows.depths.unsqueeze(-1) == depths  # [B, R, D]
     correct = (hit.unsqueeze(-1) & at_depth).sum(dim=(0, 1)).float().cpu()
