@@ -82,15 +82,14 @@ def build_feature_cache(
         "fingerprint": hashlib.sha1("".join(fingerprints).encode()).hexdigest(),
     }
     manifest_path = directory / MANIFEST
-    if manifest_path.exists():
-        existing = json.loads(manifest_path.read_text())
-        changed = sorted(k for k in SETTINGS if existing.get(k) != manifest[k])
-        if changed:
-            raise ValueError(
-                f"The feature cache in {directory} was built with other settings ({', '.join(changed)} differ); "
-                "delete that folder or pick another feature_cache_dir."
-            )
-    if not manifest_path.exists() or json.loads(manifest_path.read_text()) != manifest:
+    existing = json.loads(manifest_path.read_text()) if manifest_path.exists() else None
+    changed = sorted(k for k in SETTINGS if existing is not None and existing.get(k) != manifest[k])
+    if changed:
+        raise ValueError(
+            f"The feature cache in {directory} was built with other settings ({', '.join(changed)} differ); "
+            "delete that folder or pick another feature_cache_dir."
+        )
+    if existing != manifest:
         write_atomically(manifest_path, lambda tmp: Path(tmp).write_text(json.dumps(manifest, indent=1)))
 
     head_checked = False

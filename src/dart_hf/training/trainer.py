@@ -158,11 +158,7 @@ class DartTrainer(Trainer):
 
     @torch.no_grad()
     def _count_agreement(self, draft: DartDraftModel, rows: "DraftRows") -> None:
-        num_depths = draft.config.draft_length
-        hit = (draft.draft_to_target(rows.draft_logits.argmax(dim=-1)) == rows.target_choice()) & rows.valid
-        depth_index = rows.depths.clamp(max=num_depths - 1)
-        hits = torch.zeros(num_depths).index_add_(0, depth_index[hit].cpu(), torch.ones(int(hit.sum())))
-        counts = torch.zeros(num_depths).index_add_(0, depth_index[rows.valid].cpu(), torch.ones(int(rows.valid.sum())))
+        _, hits, counts = agreement(draft, rows)
         self._hits = hits if self._hits is None else self._hits + hits
         self._counts = counts if self._counts is None else self._counts + counts
 
