@@ -14,6 +14,9 @@ from _helpers import char_tokenizer, tiny_target
 from dart_hf import DartDraftModel
 from dart_hf.zoo import DRAFTS, draft_path, load_draft, load_target
 
+# one xdist worker runs them all: the first converts each real model into the cache, the others read it
+pytestmark = pytest.mark.xdist_group("zoo")
+
 needs_zoo_extras = pytest.mark.skipif(
     importlib.util.find_spec("gguf") is None or importlib.util.find_spec("accelerate") is None,
     reason="needs the zoo extras (`pip install -e '.[zoo]'`: gguf, accelerate) to read SmolLM2's GGUF",
