@@ -232,15 +232,17 @@ class AdaptiveBudget:
         is padded to) for verifying a context-lookup continuation of `kind` (its key in the lookup evidence) with
         `available` tokens; (inf, 0) without a continuation or enough evidence."""
         matched, weights = self.lookup.evidence(kind, self.min_evidence)
-        if not available or weights.sum() < self.min_evidence:
+        total_weight = weights.sum()
+        if not available or total_weight < self.min_evidence:
             return math.inf, 0
-        lengths = np.arange(1, available + 1)  # [K]
+        counts = np.arange(available + 1)  # [K + 1]: 0 to K matched tokens
+        lengths = counts[1:]  # [K]
         # tau(L) = 1 + sum_i w_i min(m_i, L) / sum_i w_i for every L, from the weight histogram of the matched counts:
         # O(R + K), and no BLAS call (OpenBLAS threads spinning after one starve the target's next forward)
         histogram = np.bincount(np.minimum(matched, available), weights=weights, minlength=available + 1)  # [K + 1]
-        below = np.cumsum(histogram * np.arange(available + 1))[1:]  # sum of w_i m_i over m_i <= L
-        above = weights.sum() - np.cumsum(histogram)[1:]  # sum of w_i over m_i > L
-        taus = 1.0 + (below + lengths * above) / weights.sum()  # [K]
+        below = np.cumsum(histogram * counts)[1:]  # sum of w_i m_i over m_i <= L
+        above = total_weight - np.cumsum(histogram)[1:]  # sum of w_i over m_i > L
+        taus = 1.0 + (below + lengths * above) / total_weight  # [K]
         overhead = float(np.mean(self.lookup.overheads)) if self.lookup.overheads else 0.0
         seconds_per_token = (overhead + self.verify_costs(lengths + 1)) / taus
         best = int(seconds_per_token.argmin())
