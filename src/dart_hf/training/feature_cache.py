@@ -27,7 +27,7 @@ from safetensors.torch import save_file
 from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
-from ..features import forward_with_features
+from ..features import forward_with_features, takes_logits_to_keep
 from ..files import write_atomically
 
 FEATURE_CACHE_FORMAT = "dart-hf-features"
@@ -43,12 +43,20 @@ def example_fingerprint(example: dict) -> str:
 
 
 def output_layer_input(target, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: list[int]):
-    """Run the target once: (features `[B, L, 3H]`, output-layer input `[B, L, H]`, logits `[B, L, V]`)."""
+    """Run the target once: (features `[B, L, 3H]`, the base model's output `[B, L, H]`, logits `[B, L', V]`).
+
+    The base model's output is what the output layer reads; the caller checks that it alone makes the logits. The
+    cache keeps no logits, so where the model takes `logits_to_keep` only the last position's are computed (L' = 1,
+    else L' = L): a 151,936-token output layer over every row is a tenth of a 1.5B target's forward and gigabytes
+    of float32 a batch.
+    """
     captured = {}
-    head = target.get_output_embeddings()
-    hook = head.register_forward_hook(lambda module, args, output: captured.update(hidden=args[0]))
+    hook = target.base_model.register_forward_hook(lambda module, args, output: captured.update(hidden=output[0]))
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if takes_logits_to_keep(target):
+        inputs["logits_to_keep"] = 1
     try:
-        outputs, features = forward_with_features(target, layers, input_ids=input_ids, attention_mask=attention_mask)
+        outputs, features = forward_with_features(target, layers, **inputs)
     finally:
         hook.remove()
     return features, captured["hidden"], outputs.logits
@@ -116,10 +124,12 @@ def build_feature_cache(
                 target, input_ids.to(target.device), attention_mask.to(target.device), feature_layers
             )
             if not head_checked:
-                if not torch.allclose(target.get_output_embeddings()(hidden), logits):
+                last = hidden[:, -logits.shape[1] :]  # the positions whose logits were computed
+                if not torch.allclose(target.get_output_embeddings()(last), logits):
                     raise ValueError(
-                        f"{type(target).__name__} changes its logits after its output layer (e.g. soft-capping), so "
-                        "the cache cannot rebuild them; train without feature_cache_dir (online features)."
+                        f"{type(target).__name__} changes its hidden state before its output layer or its logits "
+                        "after it (e.g. soft-capping), so the cache cannot rebuild them; train without "
+                        "feature_cache_dir (online features)."
                     )
                 head_checked = True
             for row, (index, sequence) in enumerate(zip(chunk, sequences)):
