@@ -102,19 +102,27 @@ def test_a_target_that_changes_its_logits_after_the_head_is_refused(tmp_path):
                             progress=False)
 
 
-def test_the_cache_runs_the_output_layer_on_one_position_per_example(tmp_path):
+def test_the_cache_pads_little_and_runs_the_output_layer_on_one_position_per_example(tmp_path):
     """The cache keeps no logits: the output layer (a 151,936-token matrix on Qwen) runs on each example's last
-    position only, where the model takes `logits_to_keep`, and the stored rows are every position's."""
+    position only, where the model takes `logits_to_keep`, and the stored rows are every position's. Examples are
+    batched by length, so a long one and a short one do not share a batch."""
     target = tiny_target("qwen2", seed=1)
-    examples = [{"prompt_ids": [1, 2, 3, 4], "response_ids": [5, 6, 7]}, {"prompt_ids": [8, 9], "response_ids": [10]}]
-    rows_seen = []
-    hook = target.get_output_embeddings().register_forward_hook(
-        lambda module, args, output: rows_seen.append(args[0].shape[:-1]))
+    long, short = {"prompt_ids": [1, 2, 3, 4], "response_ids": [5, 6, 7]}, {"prompt_ids": [8, 9], "response_ids": [10]}
+    examples = [long, short, long, short]
+    head_rows, batch_shapes = [], []
+    hooks = [target.get_output_embeddings().register_forward_hook(
+                 lambda module, args, output: head_rows.append(args[0].shape[:-1])),
+             target.register_forward_pre_hook(
+                 lambda module, args, kwargs: batch_shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)]
     try:
-        cache = build_feature_cache(target, examples, [1, 2, 3], tmp_path, dtype=torch.float32, progress=False)
+        cache = build_feature_cache(target, examples, [1, 2, 3], tmp_path, dtype=torch.float32, batch_size=2,
+                                    progress=False)
     finally:
-        hook.remove()
-    assert rows_seen[0] == (2, 1)  # the batch's forward; the check then runs the layer on that position again
+        for hook in hooks:
+            hook.remove()
+    assert batch_shapes == [(2, 3), (2, 7)]
+    assert head_rows[0] == (2, 1)  # the first batch's forward; the check then runs the layer on that position again
+    assert cache[1][0].shape[0] == 3 and cache[2][0].shape[0] == 7
     with torch.no_grad():
         full = target(input_ids=torch.tensor([[1, 2, 3, 4, 5, 6, 7]]), output_hidden_states=True)
     torch.testing.assert_close(cache[0][1], full.hidden_states[-1][0], rtol=1e-5, atol=1e-5)

@@ -111,8 +111,10 @@ def build_feature_cache(
         if _shard_fingerprints(path) == [fingerprints[i] for i in indices]:
             continue
         tensors = {}
-        for start in range(0, len(indices), batch_size):
-            chunk = indices[start : start + batch_size]
+        # batched by length, so that a batch pads its rows little (the stored rows do not depend on it)
+        by_length = sorted(indices, key=lambda i: len(examples[i]["prompt_ids"]) + len(examples[i]["response_ids"]))
+        for start in range(0, len(by_length), batch_size):
+            chunk = by_length[start : start + batch_size]
             sequences = [examples[i]["prompt_ids"] + examples[i]["response_ids"] for i in chunk]
             width = max(len(s) for s in sequences)
             input_ids = torch.zeros((len(chunk), width), dtype=torch.long)
