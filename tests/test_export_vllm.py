@@ -3,6 +3,7 @@ that holds the plugin's drafts, recorded inside vLLM (`integrations/vllm/tests`)
 
 import json
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,10 @@ from dart_hf.export_vllm import VLLM_ARCHITECTURE, export_vllm
 from dart_hf.features import forward_with_features
 
 FIXTURES = os.environ.get("DART_HF_VLLM_FIXTURES")
+
+
+def mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
 
 
 def test_export_writes_the_config_and_weights_vllm_loads(tmp_path):
@@ -35,6 +40,9 @@ def test_export_writes_the_config_and_weights_vllm_loads(tmp_path):
     assert {"fc_norm.0.weight", "mask_hidden", "lm_head.weight", "midlayer.self_attn.q_proj.weight"} <= names
     assert not any(name.startswith(("feature_norms.", "t2d", "embed")) for name in names)
     assert not list(tmp_path.glob("out.tmp*"))  # written under a temporary name, renamed into place
+    (tmp_path / "made").mkdir()  # a server's user may be another: the folder and weights get the umask's modes
+    assert mode(tmp_path / "out") == mode(tmp_path / "made")
+    assert mode(tmp_path / "out" / "model.safetensors") == mode(tmp_path / "out" / "config.json")
 
     full = DartDraftModel.from_target(target)  # a full vocabulary: vLLM has no d2t for it
     export_vllm(full, tmp_path / "full")

@@ -2,6 +2,7 @@
 
 import json
 import os
+import stat
 import subprocess
 import sys
 
@@ -92,6 +93,9 @@ def test_save_pretrained_round_trip_and_auto_classes(tmp_path):
     from safetensors import safe_open
     with safe_open(str(tmp_path / "model.safetensors"), "pt") as handle:
         assert not any("embed" in key for key in handle.keys())  # the target's embedding is never saved
+    # other users may read it, as they may config.json (safetensors alone writes its files private)
+    assert stat.S_IMODE(os.stat(tmp_path / "model.safetensors").st_mode) == stat.S_IMODE(
+        os.stat(tmp_path / "config.json").st_mode)
 
     for loaded in (DartDraftModel.from_pretrained(tmp_path, target=target), AutoModel.from_pretrained(tmp_path)):
         assert isinstance(loaded, DartDraftModel)

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from .files import with_default_permissions
 from .modeling_dart import DartDraftModel
 
 VLLM_ARCHITECTURE = "Eagle3DartForCausalLM"
@@ -92,6 +93,8 @@ def export_vllm(draft: DartDraftModel, output_dir: str | os.PathLike, tokenizer_
         for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
             if tokenizer_dir is not None and (Path(tokenizer_dir) / name).is_file():
                 shutil.copy(Path(tokenizer_dir) / name, temporary / name)
+        for path in [temporary, *temporary.iterdir()]:  # a server's user may be another one
+            with_default_permissions(path)
         if output_dir.exists():
             shutil.rmtree(output_dir)
         os.replace(temporary, output_dir)

@@ -16,7 +16,18 @@ def write_atomically(path: str | os.PathLike, write: Callable[[str], object]) ->
     path = Path(path)
     temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     write(str(temporary))
+    with_default_permissions(temporary)
     os.replace(temporary, path)
+
+
+def with_default_permissions(path: str | os.PathLike) -> None:
+    """Give `path` the permissions a new file or folder gets from this process's umask (0644 / 0755 under the
+    usual 022). safetensors writes through a temporary file that it creates private (0600), and `mkdtemp` makes a
+    private folder: drafts and tables written so could not be read by another user, such as a vLLM server's."""
+    umask = os.umask(0o022)  # reading the umask sets it: set it straight back
+    os.umask(umask)
+    path = Path(path)
+    path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
 
 
 def extend_lines(path: str | os.PathLike, lines: list[str]) -> None:

@@ -10,6 +10,7 @@ import contextlib
 import importlib
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +30,7 @@ from transformers.utils.hub import cached_file
 
 from .attention import reads_grouped_heads_in_place
 from .configuration_dart import DartConfig
+from .files import with_default_permissions
 from .ngram import NGRAM_FILENAME, NgramTable
 
 
@@ -332,8 +334,11 @@ class DartDraftModel(DartPreTrainedModel):
 
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:
         """`PreTrainedModel.save_pretrained`, plus the N-gram table (if any) as `ngram.safetensors` beside the
-        weights, so `push_to_hub` and `from_pretrained` carry it too."""
+        weights, so `push_to_hub` and `from_pretrained` carry it too. The weight files get the umask's permissions
+        (safetensors writes them private to their owner)."""
         super().save_pretrained(save_directory, *args, **kwargs)
+        for path in Path(save_directory).glob("model*.safetensors"):
+            with_default_permissions(path)
         if self.ngram is not None:
             self.ngram.save(os.path.join(save_directory, NGRAM_FILENAME))
 
