@@ -25,7 +25,7 @@ from _common import report
 from dart_hf.features import forward_with_features
 from dart_hf.hardware import device_description
 from dart_hf.modeling_dart import default_feature_layers
-from dart_hf.training.feature_cache import output_layer_input
+from dart_hf.training.feature_cache import output_layer_input, right_padded
 from dart_hf.zoo import load_target
 
 SHARD_SIZE, BATCH_SIZE = 256, 8
@@ -51,12 +51,7 @@ def run_arm(target, sequences: list[list[int]], layers: list[int], new: bool) ->
     lengths = [len(s) for s in sequences]
     start = time.perf_counter()
     for batch in batches(lengths, by_length=new):
-        width = max(lengths[i] for i in batch)
-        input_ids = torch.zeros((len(batch), width), dtype=torch.long)
-        attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for row, i in enumerate(batch):
-            input_ids[row, : lengths[i]] = torch.tensor(sequences[i])
-            attention_mask[row, : lengths[i]] = 1
+        input_ids, attention_mask = right_padded([sequences[i] for i in batch])
         if new:
             output_layer_input(target, input_ids, attention_mask, layers)
         else:

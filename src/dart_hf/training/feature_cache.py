@@ -62,6 +62,17 @@ def output_layer_input(target, input_ids: torch.Tensor, attention_mask: torch.Te
     return features, captured["hidden"], outputs.logits
 
 
+def right_padded(sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token id lists as a right-padded batch: (input_ids `[B, L]`, attention_mask `[B, L]`), L the longest."""
+    width = max(len(sequence) for sequence in sequences)
+    input_ids = torch.zeros((len(sequences), width), dtype=torch.long)
+    attention_mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, sequence in enumerate(sequences):
+        input_ids[row, : len(sequence)] = torch.tensor(sequence)
+        attention_mask[row, : len(sequence)] = 1
+    return input_ids, attention_mask
+
+
 @torch.no_grad()
 def build_feature_cache(
     target,
@@ -116,12 +127,7 @@ def build_feature_cache(
         for start in range(0, len(by_length), batch_size):
             chunk = by_length[start : start + batch_size]
             sequences = [examples[i]["prompt_ids"] + examples[i]["response_ids"] for i in chunk]
-            width = max(len(s) for s in sequences)
-            input_ids = torch.zeros((len(chunk), width), dtype=torch.long)
-            attention_mask = torch.zeros((len(chunk), width), dtype=torch.long)
-            for row, sequence in enumerate(sequences):
-                input_ids[row, : len(sequence)] = torch.tensor(sequence)
-                attention_mask[row, : len(sequence)] = 1
+            input_ids, attention_mask = right_padded(sequences)
             features, hidden, logits = output_layer_input(
                 target, input_ids.to(target.device), attention_mask.to(target.device), feature_layers
             )
