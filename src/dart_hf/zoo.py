@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from .files import cache_root, download_distribution
+from .files import cache_root, download_distribution, with_default_permissions
 from .hardware import default_device, default_dtype
 from .hub import check_pretrained_name, hub_reachable
 
@@ -310,6 +310,8 @@ def _save_atomically(model, tokenizer, folder: Path, extra_files: dict[str, byte
     tokenizer.save_pretrained(temporary)
     for name, data in (extra_files or {}).items():
         (temporary / name).write_bytes(data)
+    for path in [*temporary.iterdir(), temporary]:  # a shared cache: another user (a vLLM server's) reads it too
+        with_default_permissions(path)
     if folder.exists():
         shutil.rmtree(folder)
     os.replace(temporary, folder)
