@@ -7,7 +7,7 @@ import torch
 from _helpers import prompts, tiny_target
 from dart_hf import DartDraftModel
 from dart_hf.training import CachedFeatureDataset, DartDataCollator, FeatureCache, build_feature_cache, self_distill
-from dart_hf.training.trainer import draft_rows
+from dart_hf.training.trainer import draft_rows, evaluate_draft
 
 
 def examples_for(target, tmp_path, count=5):
@@ -38,6 +38,9 @@ def test_cached_rows_equal_online_rows_and_the_cache_resumes(tmp_path):
     valid = online.valid  # rows over padding differ (zeros in the cache) and are never supervised
     torch.testing.assert_close(cached.target_logits[valid], online.target_logits[valid], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(cached.draft_logits[valid], online.draft_logits[valid], rtol=1e-5, atol=1e-5)
+    # held-out figures from a float32 cache (what `dart-hf train` evaluates from) are the live target's
+    assert evaluate_draft(draft, target, dataset, collator) == pytest.approx(
+        evaluate_draft(draft, target, examples, collator), abs=1e-9)
 
     # a crash mid-build leaves whole shards only: a rerun computes just the missing one
     (tmp_path / "cache" / "shard-00001.safetensors").unlink()

@@ -53,6 +53,9 @@ def test_self_distill_and_train_commands(tmp_path):
     (tmp_path / "train.json").write_text(json.dumps(config))
     main(["train", str(tmp_path / "train.json")])
     assert (tmp_path / "features" / "cache.json").exists()  # trained from the offline feature cache
+    assert (tmp_path / "features" / "eval" / "cache.json").exists()  # and evaluated from one of the held-out examples
+    history = json.loads((tmp_path / "draft" / "trainer_state.json").read_text())["log_history"]
+    assert [entry["step"] for entry in history if "eval_chain_tau" in entry] == [3, 6]
     draft = DartDraftModel.from_pretrained(tmp_path / "draft", target=target)
     assert draft.config.draft_vocab_size == 64 and draft.config.feature_norm
     prompt = prompts(1)[0]

@@ -213,15 +213,23 @@ def train_command(argv: list[str]) -> None:
             if reduced
             else None,
         )
-    train_dataset = train_examples
+    train_dataset, eval_dataset = train_examples, eval_examples
     if dart_args.feature_cache_dir:
         from .training.feature_cache import CachedFeatureDataset, build_feature_cache
 
+        layers = list(draft.config.feature_layers)
         with training_args.main_process_first(desc="feature cache"):  # rank 0 builds, the others then read
             cache = build_feature_cache(
-                target, train_examples, list(draft.config.feature_layers), dart_args.feature_cache_dir,
+                target, train_examples, layers, dart_args.feature_cache_dir,
                 dtype=getattr(torch, dart_args.feature_cache_dtype),
             )
+            # every evaluation would run the target over the held-out examples again; stored in float32, which
+            # holds a float32 or bfloat16 target's outputs exactly, so the held-out figures are the live target's
+            if eval_examples:
+                eval_cache = build_feature_cache(
+                    target, eval_examples, layers, Path(dart_args.feature_cache_dir) / "eval", dtype=torch.float32
+                )
+                eval_dataset = CachedFeatureDataset(eval_examples, eval_cache)
         train_dataset = CachedFeatureDataset(train_examples, cache)
     callbacks = []
     if dart_args.early_stopping_patience is not None:
@@ -234,7 +242,7 @@ def train_command(argv: list[str]) -> None:
         model=draft.train(),
         args=training_args,
         train_dataset=train_dataset,
-        eval_dataset=eval_examples,
+        eval_dataset=eval_dataset,
         data_collator=DartDataCollator(pad_token_id=pad if isinstance(pad, int) else 0, max_length=dart_args.max_length),
         callbacks=callbacks,
         target=target,

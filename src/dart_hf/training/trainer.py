@@ -66,7 +66,8 @@ class DartTrainingArguments:
         default=None,
         metadata={
             "help": "cache the target's features and output-layer inputs of the training examples here once (safetensors "
-            "shards, 4 * hidden_size values per token) and train from the cache: for several epochs on a small target"
+            "shards, 4 * hidden_size values per token) and train from the cache: for several epochs on a small target; "
+            "the held-out examples' go to its eval/ subfolder, in float32"
         },
     )
     feature_cache_dtype: str = field(default="bfloat16", metadata={"help": "dtype of the feature cache"})
