@@ -1,11 +1,16 @@
 """The steps the draft recipes share: a prompt file that only grows, the held-out split, the target's dtype."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
 from dart_hf import hardware
-from dart_hf.training.recipe import interleaved_prompt_file, recipe_dtype, split_held_out
+from dart_hf.training.recipe import interleaved_prompt_file, recipe_dtype, run_child, split_held_out
 
 
 def test_the_prompt_file_interleaves_kinds_in_proportion_and_only_grows(tmp_path):
@@ -33,3 +38,23 @@ def test_the_recipe_dtype_is_the_cpus_fast_one_unless_named(monkeypatch, capsys)
     monkeypatch.setattr(hardware, "cpu_info", lambda: hardware.CpuInfo("Test EPYC", ()))
     assert recipe_dtype("auto") == "float32" and "no bfloat16 matrix instructions" in capsys.readouterr().out
     assert recipe_dtype("bfloat16") == "bfloat16" and capsys.readouterr().out == ""
+
+
+def test_a_sitting_stopped_with_sigterm_stops_its_child_and_a_failing_child_raises(tmp_path):
+    """The recipes run `dart-hf train` / `self-distill` as a child process: `kill` on the recipe must not leave
+    the child (the target in memory, training on) running without it."""
+    pid_file = tmp_path / "child.pid"
+    child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    parent = subprocess.Popen([sys.executable, "-c", "import sys; from dart_hf.training.recipe import run_child; "
+                               f"run_child([sys.executable, '-c', {child!r}])"])
+    deadline = time.time() + 60
+    while not (pid_file.exists() and pid_file.read_text()) and time.time() < deadline:
+        time.sleep(0.1)
+    child_pid = int(pid_file.read_text())
+    parent.send_signal(signal.SIGTERM)
+    returncode = parent.wait(timeout=60)
+    with pytest.raises(ProcessLookupError):
+        os.kill(child_pid, 0)  # gone, and reaped by the parent
+    assert returncode == 128 + signal.SIGTERM
+    with pytest.raises(subprocess.CalledProcessError):
+        run_child([sys.executable, "-c", "raise SystemExit(3)"])

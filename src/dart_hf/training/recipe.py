@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -65,12 +66,34 @@ def interleaved_prompt_file(path: Path, pools: dict[str, list[str]], mix: dict[s
     return path
 
 
+def run_child(command: list[str]) -> None:
+    """Run `command` to its end, raising `CalledProcessError` if it fails, as `subprocess.run(command,
+    check=True)` does, but never leave it running alone: a SIGTERM to this process (`kill`, a scheduler's stop)
+    stops the child first (it holds the target, gigabytes, and would go on training), and so does any exception
+    here. Ctrl-C needs nothing: a terminal signals its whole foreground process group."""
+    child = subprocess.Popen(command)
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        returncode = child.wait()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if child.poll() is None:
+            child.terminate()
+            child.wait()
+    if returncode:
+        raise subprocess.CalledProcessError(returncode, command)
+
+
 def self_distill_sitting(target: str, prompts: Path, output: Path, minutes: float, *arguments: str) -> None:
     """`dart-hf self-distill --target target prompts --output output --max-minutes minutes *arguments` in a child
     process: no batch starts after `minutes`, what finished is on disk, and the same call again goes on."""
     command = [sys.executable, "-m", "dart_hf.cli", "self-distill", "--target", target, str(prompts),
                "--output", str(output), "--max-minutes", str(minutes), *arguments]
-    subprocess.run(command, check=True)
+    run_child(command)
 
 
 def train_sitting(config: dict, config_path: Path) -> None:
@@ -79,7 +102,7 @@ def train_sitting(config: dict, config_path: Path) -> None:
     and step count."""
     config_path.write_text(json.dumps(config, indent=2))
     start = time.time()
-    subprocess.run([sys.executable, "-m", "dart_hf.cli", "train", str(config_path)], check=True)
+    run_child([sys.executable, "-m", "dart_hf.cli", "train", str(config_path)])
     print(f"trained in {(time.time() - start) / 60:.1f} min -> {config['output_dir']}")
 
 
