@@ -98,6 +98,28 @@ def test_rows_are_aligned_with_the_target_and_weighted_by_gamma(tmp_path):
     assert got == pytest.approx(by_hand / anchors, rel=1e-6)
 
 
+def test_the_loss_over_sampled_mask_blocks_estimates_the_loss_with_a_block_at_every_anchor(tmp_path):
+    # one sampled block per batch: averaged over the anchor it lands on, the loss must be the loss of the whole
+    # layout (every candidate anchor with its block), so sampling blocks leaves the depths their weight
+    target = tiny_target("llama", dtype=torch.float64, seed=6)
+    draft = DartDraftModel.from_target(target).double()
+    examples = make_examples(target, 3, seed=9, tmp_path=tmp_path, new_tokens=8)
+    batch = DartDataCollator()(examples)
+    with torch.no_grad():
+        whole = draft_rows(draft, target, batch, num_anchors=None)
+        whole_loss = float(rows_loss(whole, gamma=0.6))
+        assert whole.anchor_share == 1.0
+        loss_by_anchor = {}
+        for seed in range(400):
+            torch.manual_seed(seed)
+            rows = draft_rows(draft, target, batch, num_anchors=1)
+            loss_by_anchor[int(rows.anchors[0])] = float(rows_loss(rows, gamma=0.6))
+    assert sorted(loss_by_anchor) == whole.anchors.tolist()  # every candidate anchor drawn
+    assert rows.anchor_share == pytest.approx(1 / len(whole.anchors))
+    mean_loss = sum(loss_by_anchor.values()) / len(loss_by_anchor)
+    assert mean_loss == pytest.approx(whole_loss, rel=1e-6)
+
+
 def test_supervised_rows_only_give_the_same_loss_gradients_and_agreement(tmp_path):
     target = tiny_target("llama", dtype=torch.float64, seed=3)
     draft = DartDraftModel.from_target(target).double()

@@ -11,6 +11,7 @@ def dart_loss(
     target_logits: torch.Tensor,
     weights: torch.Tensor,
     draft_vocab_ids: torch.Tensor | None = None,
+    num_anchors: int | None = None,
 ) -> torch.Tensor:
     """The weighted KL(p_target || q_draft) of the supervised rows, per anchor.
 
@@ -19,8 +20,9 @@ def dart_loss(
     weights: `[N]`, gamma ** depth for supervised rows, 0 for rows without a valid target.
     draft_vocab_ids: `[V_d]` target ids of the draft vocabulary (reduced vocabulary): the target distribution is
         restricted to them and renormalised.
-    Returns the weighted sum divided by the number of rows with weight 1 (depth-0 rows), i.e. the per-anchor sum
-    over depths of `sum_k gamma^k KL(p_target || q_draft)`, averaged over anchors.
+    num_anchors: the number of anchors (depth-0 rows) the rows hang from; default: the rows with weight 1.
+    Returns the weighted sum divided by the number of anchors, i.e. the per-anchor sum over depths of
+    `sum_k gamma^k KL(p_target || q_draft)`, averaged over anchors.
     """
     if draft_vocab_ids is not None:
         target_logits = target_logits.index_select(-1, draft_vocab_ids)
@@ -28,5 +30,6 @@ def dart_loss(
     target_log_probs = F.log_softmax(target_logits.to(dtype), dim=-1)
     draft_log_probs = F.log_softmax(draft_logits.to(dtype), dim=-1)
     kl = (target_log_probs.exp() * (target_log_probs - draft_log_probs)).sum(dim=-1)
-    anchors = (weights == 1).sum().clamp(min=1)
-    return (weights * kl).sum() / anchors
+    if num_anchors is None:
+        num_anchors = int((weights == 1).sum())
+    return (weights * kl).sum() / max(num_anchors, 1)

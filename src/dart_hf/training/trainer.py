@@ -190,9 +190,11 @@ class DartTrainer(Trainer):
 class DraftRows:
     """Per layout row, for a batch: draft logits `[B, R, V_d]`, the target's logits for the token the row
     predicts `[B, R, V]`, that token `[B, R]`, its depth `[B, R]` and whether it is a supervised response token;
-    the anchor rows `[A]` of the mask blocks and the block size. With `rows` (the layout row indices `[K]`), only
-    those rows are here (R = K): the rows some example of the batch supervises. With `target_vocab` (target ids
-    `[V_t]`), the target's logits cover those tokens only, in that order: `[B, R, V_t]`."""
+    the anchor rows `[A]` of the mask blocks, the block size, and `anchor_share`: the share of the candidate anchors
+    (positions whose next-but-one token is a response token) that got a mask block, 1 when every one did. With
+    `rows` (the layout row indices `[K]`), only those rows are here (R = K): the rows some example of the batch
+    supervises. With `target_vocab` (target ids `[V_t]`), the target's logits cover those tokens only, in that
+    order: `[B, R, V_t]`."""
 
     draft_logits: torch.Tensor
     target_logits: torch.Tensor
@@ -201,6 +203,7 @@ class DraftRows:
     valid: torch.Tensor
     anchors: torch.Tensor
     num_masks: int
+    anchor_share: float = 1.0
     rows: torch.Tensor | None = None
     target_vocab: torch.Tensor | None = None
 
@@ -238,6 +241,7 @@ def draft_rows(
     num_prefix = seq_len - 1  # prefix row j pairs h_j with the embedding of x_{j+1}
     num_masks = draft.config.draft_length - 1
     candidates = torch.nonzero(loss_mask[:, 2:].any(dim=0)).flatten()  # j with a response token at j + 2
+    num_candidates = len(candidates)
     if num_anchors is not None and len(candidates) > num_anchors:
         candidates = candidates[torch.randperm(len(candidates), device=candidates.device)[:num_anchors]].sort().values
     layout = prefix_shared_layout(num_prefix, candidates.cpu(), num_masks)
@@ -296,22 +300,33 @@ def draft_rows(
         valid=valid,
         anchors=candidates,
         num_masks=num_masks,
+        anchor_share=len(candidates) / max(num_candidates, 1),
         rows=rows,
         target_vocab=teacher_vocab,
     )
 
 
 def rows_loss(rows: DraftRows, gamma: float, draft_vocab_ids: torch.Tensor | None = None) -> torch.Tensor:
-    """`dart_loss` over the supervised rows of `rows`, each weighted gamma ** depth. draft_vocab_ids: the reduced
-    draft vocabulary (target ids `[V_d]`) when `rows` holds the target's logits over its full vocabulary; rows
-    whose target logits are already restricted to it (`draft_rows(..., teacher_vocab=...)`) need none."""
-    weights = torch.where(rows.valid, gamma ** rows.depths.to(rows.draft_logits.dtype), 0.0)
+    """`dart_loss` over the supervised rows of `rows`, each weighted gamma ** depth, per anchor (real row).
+    draft_vocab_ids: the reduced draft vocabulary (target ids `[V_d]`) when `rows` holds the target's logits over
+    its full vocabulary; rows whose target logits are already restricted to it (`draft_rows(..., teacher_vocab=...)`)
+    need none.
+
+    The objective gives every anchor a mask block. When only a sample of them got one (`rows.anchor_share` < 1),
+    each mask row is weighted by the inverse share, so the loss is an unbiased estimate of that objective: weighted
+    as they are, the sampled blocks alone would shrink every depth past the first by the share, against the real
+    rows, which are all there."""
+    depths = rows.depths.to(rows.draft_logits.dtype)
+    weights = gamma**depths / torch.where(rows.depths > 0, rows.anchor_share, 1.0)
+    weights = torch.where(rows.valid, weights, 0.0)
     valid = rows.valid
+    num_anchors = int((valid & (rows.depths == 0)).sum())
     if rows.target_vocab is not None:
         if draft_vocab_ids is not None and not torch.equal(draft_vocab_ids, rows.target_vocab):
             raise ValueError("rows_loss: the rows' target logits cover another vocabulary than draft_vocab_ids.")
         draft_vocab_ids = None
-    return dart_loss(rows.draft_logits[valid], rows.target_logits[valid], weights[valid], draft_vocab_ids)
+    return dart_loss(rows.draft_logits[valid], rows.target_logits[valid], weights[valid], draft_vocab_ids,
+                     num_anchors=num_anchors)
 
 
 def draft_vocabulary(draft: DartDraftModel) -> torch.Tensor | None:
