@@ -36,6 +36,7 @@ from dart_hf.training.recipe import (
     recipe_dtype,
     recipe_parser,
     self_distill_sitting,
+    ship_recipe_draft,
     split_held_out,
     train_sitting,
 )
@@ -99,17 +100,6 @@ def build_ngram(folder: Path) -> None:
     """The draft's trigram table from the training split, saved beside the draft."""
     build_ngram_table(DATA / "train.jsonl", folder, 262144,
                       "Gemma 3 270M's greedy continuations (training split), prompts included")
-
-
-def export_draft(checkpoint: Path) -> None:
-    """Ship `checkpoint` (with its N-gram table, built from this recipe's data if missing) as the package's draft
-    `gemma3-270m-dart` (`dart_hf.zoo.ship_draft`: bfloat16 weights, renamed into place)."""
-    from dart_hf.zoo import load_target, ship_draft
-
-    if not (checkpoint / "ngram.safetensors").exists():
-        build_ngram(checkpoint)
-    target, _ = load_target(TARGET, dtype=torch.float32)
-    print(f"shipped {checkpoint} as {DRAFT_NAME} -> {ship_draft(checkpoint, DRAFT_NAME, target)}")
 
 
 RESULTS = """Measured with `benchmarks/bench_sliding_window.py --draft gemma3-270m-dart --untrained-too` on a 2-core
@@ -198,7 +188,7 @@ def main() -> None:
                         help="write the model card from these `bench_sliding_window.py --untrained-too` results")
     args = parser.parse_args()
     if args.export:
-        return export_draft(args.export)
+        return ship_recipe_draft(args.export, TARGET, DRAFT_NAME, build_ngram)
     if args.card:
         return write_model_card(args.card)
     if args.ngram:

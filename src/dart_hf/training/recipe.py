@@ -128,6 +128,18 @@ def build_ngram_table(train_file: Path, folder: Path, vocab_size: int, source: s
     print(f"N-gram table: {table.describe()} -> {folder / 'ngram.safetensors'}")
 
 
+def ship_recipe_draft(checkpoint: Path, target: str, draft_name: str, build_ngram) -> None:
+    """Ship `checkpoint` as the package's draft `draft_name` (`dart_hf.zoo.ship_draft`: bfloat16 weights, renamed
+    into place), bound to the zoo target `target` in float32; `build_ngram(checkpoint)` first writes its N-gram
+    table from the recipe's data if the checkpoint has none."""
+    from ..zoo import load_target, ship_draft
+
+    if not (checkpoint / "ngram.safetensors").exists():
+        build_ngram(checkpoint)
+    target_model, _ = load_target(target, dtype=torch.float32)
+    print(f"shipped {checkpoint} as {draft_name} -> {ship_draft(checkpoint, draft_name, target_model)}")
+
+
 def held_out_alphas(target: str, draft_folder: str, heldout: Path, max_length: int) -> dict:
     """alpha_1..8 and chain tau of `draft_folder` on the examples in `heldout`, the float32 target as teacher."""
     from ..zoo import load_draft, load_target
