@@ -30,10 +30,25 @@ def test_shipped_draft_names_resolve_to_package_folders_and_other_names_pass_thr
         folder = Path(draft_path(name))
         weight_files = [path for path in folder.glob("model*.safetensors")]
         assert (folder / "config.json").is_file() and weight_files and (folder / "ngram.safetensors").is_file()
-        assert all(path.stat().st_size < 100e6 for path in folder.iterdir()), name  # a Git host takes them
+        assert all(path.stat().st_size < 100 * 2**20 for path in folder.iterdir()), name  # a Git host takes them
         assert not list(folder.glob("*.py"))  # loaded by the installed dart-hf, no remote-code copies
     assert draft_path("org/some-dart-draft") == "org/some-dart-draft"
     assert draft_path("./drafts/mine") == "./drafts/mine"
+
+
+def test_the_shipped_qwen_draft_loads_whole_from_its_shards_for_the_1_5b_target():
+    """The Qwen2.5-Coder-1.5B-Instruct draft loads from its shards with every weight (no 1 GB target download
+    here: its shapes are checked against the 1.5B's, and the bench holds its outputs to vanilla's)."""
+    folder = Path(draft_path("qwen2.5-coder-1.5b-instruct-dart"))
+    draft, info = DartDraftModel.from_pretrained(folder, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert len(list(folder.glob("model-*.safetensors"))) > 1 and draft.dtype == torch.bfloat16
+    config = draft.config
+    assert (config.target_hidden_size, config.vocab_size, config.draft_vocab_size) == (1536, 151936, 32768)
+    assert config.feature_layers[-1] < 28 and draft.fc.weight.shape == (1536, 3 * 1536)
+    target_ids = torch.arange(32768) + draft.d2t  # d2t holds offsets from draft to target ids
+    assert int(target_ids.min()) >= 0 and int(target_ids.max()) < 151936 and len(set(target_ids.tolist())) == 32768
+    assert int(draft.t2d.sum()) == 32768 and draft.ngram is not None and draft.ngram.vocab_size == 151936
 
 
 def test_ship_draft_writes_a_bfloat16_folder_without_remote_code_and_refuses_what_it_cannot_ship(
