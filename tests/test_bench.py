@@ -193,6 +193,23 @@ def test_a_run_in_sittings_resumes_where_it_stopped_with_its_evidence(tmp_path, 
                             sitting_path=path)
 
 
+def test_a_sitting_is_not_resumed_on_another_machine(tmp_path, monkeypatch):
+    """A sitting's timings belong to its machine: a resume on another processor is refused, naming both."""
+    import pytest
+
+    monkeypatch.setattr(bench, "load_prompts", lambda name, limit: [f"{name} prompt {i}" for i in range(limit)])
+    target = tiny_target("llama", seed=3)
+    path = tmp_path / "run.sitting.pt"
+    run = dict(prompts_per_set=2, max_new_tokens=4, methods=["vanilla"], sitting_path=path, max_minutes=1e-9)
+    monkeypatch.setattr(bench, "device_description", lambda device: "Intel Xeon [amx_bf16]")
+    assert bench.run_benchmark(target, char_tokenizer(), None, ["set-a"], **run)["prompts_done"] == 1
+    monkeypatch.setattr(bench, "device_description", lambda device: "AMD EPYC [no bf16 units]")
+    with pytest.raises(ValueError, match=r"timed on Intel Xeon \[amx_bf16\], not on this one \(AMD EPYC"):
+        bench.run_benchmark(target, char_tokenizer(), None, ["set-a"], **run)
+    monkeypatch.setattr(bench, "device_description", lambda device: "Intel Xeon [amx_bf16]")
+    assert bench.run_benchmark(target, char_tokenizer(), None, ["set-a"], **run)["prompts_done"] == 2
+
+
 def test_speedups_are_per_new_token_and_a_sampled_run_has_no_greedy_check():
     # sampled outputs may end at different lengths: half the time for half the tokens is no speedup
     vanilla = bench.MethodResult(seconds=[2.0, 2.0], tokens=[10, 10])

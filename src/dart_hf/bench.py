@@ -262,9 +262,11 @@ def run_benchmark(
 
 
 def sitting_settings(target, draft, assistant, methods, work, max_new_tokens, do_sample, tree_options) -> dict:
-    """What a saved sitting must share with the run that resumes it: models, methods, prompts and decoding."""
+    """What a saved sitting must share with the run that resumes it: models, methods, prompts, decoding, and the
+    machine (timings from two processors in one summary would report neither)."""
     return {
-        "target": target.name_or_path, "dtype": str(target.dtype), "methods": methods,
+        "target": target.name_or_path, "dtype": str(target.dtype), "device": device_description(target.device),
+        "methods": methods,
         "draft": draft.name_or_path if draft is not None else None,
         "assistant": assistant.name_or_path if assistant is not None else None,
         "prompts": work, "max_new_tokens": max_new_tokens, "do_sample": do_sample, "tree_options": tree_options,
@@ -277,7 +279,13 @@ def load_sitting(path: Path | None, settings: dict) -> dict:
     if path is None or not Path(path).exists():
         return {"settings": settings, "done": 0, "sittings": 0, "results": {}, "near_ties": {}, "evidence": None}
     sitting = torch.load(path, weights_only=False)  # written by this harness: dataclasses, not only tensors
-    differing = [key for key in settings if sitting["settings"].get(key) != settings[key]]
+    saved = sitting["settings"]
+    if saved.get("device") != settings["device"]:
+        machine = saved.get("device") or "an unrecorded machine"
+        raise ValueError(f"{path} holds an unfinished benchmark timed on {machine}, not on this one "
+                         f"({settings['device']}): finish it on that machine, or delete the file (or pick another "
+                         "--out) to start anew here.")
+    differing = [key for key in settings if saved.get(key) != settings[key]]
     if differing:
         raise ValueError(f"{path} holds an unfinished benchmark with other {', '.join(differing)}: rerun with that "
                          "run's settings to finish it, or delete the file (or pick another --out) to start anew.")
