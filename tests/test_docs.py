@@ -48,10 +48,10 @@ def in_a_fresh_clone(path: Path) -> bool:
 
 def resolves(path: Path) -> bool:
     """The path is in a fresh clone (a glob: matches such a file), or is a benchmark's `--out` prefix (its `.json`
-    report is)."""
+    report is, or an unfinished run's `.sitting.pt` state)."""
     if "*" in path.name:
         return any(in_a_fresh_clone(match) for match in path.parent.glob(path.name))
-    return in_a_fresh_clone(path) or in_a_fresh_clone(path.with_name(path.name + ".json"))
+    return any(in_a_fresh_clone(path.with_name(path.name + suffix)) for suffix in ("", ".json", ".sitting.pt"))
 
 
 @pytest.mark.parametrize("document", DOCUMENTS, ids=lambda path: path.name)
