@@ -153,6 +153,13 @@ def run_benchmark(
     if "assisted" in methods and assistant is None:
         raise ValueError("The 'assisted' method needs an assistant model with the target's tokenizer: pass "
                          "assistant= (dart-hf bench --assistant NAME).")
+    # the sets take turns, prompt by prompt: drift in the machine, the controller's evidence, or a sitting that
+    # ends early spread over every set alike
+    prompts = {name: load_prompts(name, prompts_per_set) for name in sets}
+    work = [(name, prompts[name][i]) for i in range(prompts_per_set) for name in sets if i < len(prompts[name])]
+    # a saved sitting that cannot be resumed here is refused before the copies load and the warm-up runs
+    settings = sitting_settings(target, draft, assistant, methods, work, max_new_tokens, do_sample, tree_options)
+    sitting = load_sitting(sitting_path, settings)
     other_dtypes = {"vanilla_bf16": torch.bfloat16, "vanilla_float32": torch.float32}
     copies = {
         method: type(target).from_pretrained(target.name_or_path, dtype=other_dtypes[method]).to(target.device).eval()
@@ -193,12 +200,6 @@ def run_benchmark(
     evidence = dict.fromkeys(dart_methods)
 
     clock = device_clock(target.device)
-    # the sets take turns, prompt by prompt: drift in the machine, the controller's evidence, or a sitting that
-    # ends early spread over every set alike
-    prompts = {name: load_prompts(name, prompts_per_set) for name in sets}
-    work = [(name, prompts[name][i]) for i in range(prompts_per_set) for name in sets if i < len(prompts[name])]
-    settings = sitting_settings(target, draft, assistant, methods, work, max_new_tokens, do_sample, tree_options)
-    sitting = load_sitting(sitting_path, settings)
     results, near_ties = sitting["results"], sitting["near_ties"]
     if sitting["evidence"] is not None:
         evidence = sitting["evidence"]
