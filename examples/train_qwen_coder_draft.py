@@ -7,7 +7,7 @@ CPU sittings: data (self-distilled replies, appended to), training (resumable ch
         --resume drafts/qwen-coder-1.5b/checkpoint-240
     python examples/train_qwen_coder_draft.py --alphas drafts/qwen-coder-1.5b/checkpoint-480   # held-out alpha_1..8
     python examples/train_qwen_coder_draft.py --export drafts/qwen-coder-1.5b   # ship it (bfloat16) in the package
-    python examples/train_qwen_coder_draft.py --max-steps 180 --eval-steps 60 \
+    python examples/train_qwen_coder_draft.py --max-steps 180 --eval-steps 60 --freeze-lm-head \
         --init-draft qwen2.5-coder-1.5b-instruct-dart --output drafts/qwen-coder-1.5b-next   # on from the shipped one
     dart-hf bench --target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-1.5b-instruct-dart \
         --dtype bfloat16 --max-new-tokens 128 --sets humaneval mbpp mt-bench gsm8k \
@@ -68,11 +68,12 @@ def prompt_pools() -> dict[str, list[str]]:
 
 def train(
     output: str, max_steps: int, eval_steps: int, draft_vocab_size: int, anchors_per_sequence: int,
-    target_dtype: str, resume: str | None = None, init_draft: str | None = None,
+    target_dtype: str, resume: str | None = None, init_draft: str | None = None, freeze_lm_head: bool = False,
 ) -> None:
     """`dart-hf train` on the training split, the target's features cached once (9 KB a token in bfloat16) rather
     than recomputed every epoch; `resume` (a checkpoint folder) continues its weights, optimizer and step count;
-    `init_draft` (a shipped draft's name or a folder) starts from its weights with a fresh optimizer and schedule."""
+    `init_draft` (a shipped draft's name or a folder) starts from its weights with a fresh optimizer and schedule,
+    and with `freeze_lm_head` keeps its output layer as it is."""
     config = {
         "target": TARGET, "train_files": [str(DATA / "train.jsonl")], "eval_files": [str(DATA / "heldout.jsonl")],
         "output_dir": output, "max_steps": max_steps, "per_device_train_batch_size": 8,
@@ -89,6 +90,7 @@ def train(
         config["resume_from_checkpoint"] = resume
     if init_draft:
         config["init_draft"] = init_draft
+        config["freeze_lm_head"] = freeze_lm_head
     train_sitting(config, DATA / "train_config.json")
 
 
@@ -160,6 +162,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16, help="self-distillation batch")
     parser.add_argument("--init-draft", default=None, help="start training from this draft's weights (the shipped "
                         "draft's name or a folder): a fresh optimizer and schedule, unlike --resume")
+    parser.add_argument("--freeze-lm-head", action="store_true", help="with --init-draft: keep its output layer "
+                        "(the shipped draft's 100 MB first shard then ships unchanged)")
     parser.add_argument("--export", type=Path, default=None, help="ship this checkpoint (bfloat16) in the package")
     parser.add_argument("--card", type=Path, default=None, help="write the model card from this `dart-hf bench` "
                         "summary (.json) of the shipped draft beside the peers")
@@ -181,7 +185,7 @@ def main() -> None:
     if args.max_steps > 0:
         split_held_out(DATA / "selfdistill.jsonl", DATA)
         train(args.output, args.max_steps, args.eval_steps, args.draft_vocab_size, args.anchors_per_sequence,
-              dtype, args.resume, args.init_draft)
+              dtype, args.resume, args.init_draft, args.freeze_lm_head)
         build_ngram(Path(args.output))
 
 

@@ -118,6 +118,46 @@ def test_train_with_a_bfloat16_teacher(tmp_path):
         main(["train", str(tmp_path / "bad.json"), "--debug"])  # --debug: the exception itself, not one line
 
 
+def test_train_on_with_a_frozen_output_layer_leaves_its_shard_byte_identical(tmp_path, capsys):
+    """`--freeze_lm_head` trains every weight but the output layer; saved in bfloat16 with the output layer in a
+    shard of its own (as a shipped draft is), that shard comes out byte for byte as it went in."""
+    target = saved_target(tmp_path / "target")
+    torch.manual_seed(0)
+    DartDraftModel.from_target(target).to(torch.bfloat16).save_pretrained(tmp_path / "init")  # as shipped
+    examples = [{"id": i, "prompt_ids": [5 + i, 9, 12], "response_ids": [20 + (i + j) % 30 for j in range(16)]}
+                for i in range(8)]
+    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(e) for e in examples) + "\n")
+    config = {
+        "target": str(tmp_path / "target"), "train_files": [str(tmp_path / "train.jsonl")],
+        "init_draft": str(tmp_path / "init"), "freeze_lm_head": True, "output_dir": str(tmp_path / "trained"),
+        "max_steps": 2, "per_device_train_batch_size": 4, "learning_rate": 1e-2, "report_to": "none",
+        "use_cpu": True, "save_strategy": "no",
+    }
+    (tmp_path / "train.json").write_text(json.dumps(config))
+    main(["train", str(tmp_path / "train.json")])
+
+    shipped = {}
+    for name in ("init", "trained"):
+        draft = DartDraftModel.from_pretrained(tmp_path / name, target=target, dtype=torch.bfloat16)
+        head_bytes = draft.lm_head.weight.numel() * 2
+        assert all(p.numel() * 2 < head_bytes for n, p in draft.named_parameters() if n != "lm_head.weight")
+        draft.save_pretrained(tmp_path / f"{name}-shipped", max_shard_size=head_bytes - 1)
+        shipped[name] = draft
+    assert torch.equal(shipped["trained"].lm_head.weight, shipped["init"].lm_head.weight)
+    assert not torch.equal(shipped["trained"].fc.weight, shipped["init"].fc.weight)  # the rest trained
+    index = json.loads((tmp_path / "init-shipped" / "model.safetensors.index.json").read_text())["weight_map"]
+    head_shard = index["lm_head.weight"]
+    assert [name for name, shard in index.items() if shard == head_shard] == ["lm_head.weight"]
+    trained_index = json.loads((tmp_path / "trained-shipped" / "model.safetensors.index.json").read_text())
+    assert trained_index["weight_map"]["lm_head.weight"] == head_shard
+    assert (tmp_path / "trained-shipped" / head_shard).read_bytes() == (tmp_path / "init-shipped" / head_shard).read_bytes()
+
+    del config["init_draft"]  # a fresh draft's output layer is random: nothing to keep
+    (tmp_path / "fresh.json").write_text(json.dumps(config))
+    assert "--freeze_lm_head keeps a trained draft's output layer: pass it with --init_draft" in cli_failure(
+        capsys, ["train", str(tmp_path / "fresh.json")])
+
+
 def test_self_distill_of_a_base_model_keeps_its_bos_and_cuts_prompts(tmp_path, monkeypatch, capsys):
     """A tokenizer without a chat template (a base model such as Gemma 3 270M): prompts are encoded as
     `tokenizer(text)` encodes them for `generate`, BOS included, and `--prompt-tokens` keeps their first N tokens.

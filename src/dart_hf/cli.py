@@ -194,12 +194,12 @@ def train_command(argv: list[str]) -> None:
             + ": pass --train_files (JSONL from `dart-hf self-distill`) and/or --existing_files (conversations with "
             "assistant replies)."
         )
-    if dart_args.widen_mlp and not dart_args.init_draft:
-        raise ValueError("--widen_mlp widens a trained draft: pass it with --init_draft DRAFT.")
     if dart_args.init_draft:
         draft = load_draft(dart_args.init_draft, target, dtype=torch.float32)  # a shipped draft is bfloat16
         if dart_args.widen_mlp:
             draft = widen_mlp(draft, dart_args.widen_mlp)
+        if dart_args.freeze_lm_head:  # Trainer's optimizer takes only the parameters that require gradients
+            draft.lm_head.requires_grad_(False)
     else:
         vocab_size = target.config.get_text_config().vocab_size
         reduced = dart_args.draft_vocab_size is not None and dart_args.draft_vocab_size < vocab_size

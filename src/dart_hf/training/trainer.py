@@ -51,6 +51,11 @@ class DartTrainingArguments:
         metadata={"help": "with --init_draft: first widen its MLP to this many units, computing the same logits "
                           "(new units start with zero output weights)"},
     )
+    freeze_lm_head: bool = field(
+        default=False,
+        metadata={"help": "with --init_draft: train everything but its output layer, which keeps its weights (a "
+                          "shipped draft trained on then rewrites only its other weights' shards)"},
+    )
     gamma: float = field(default=0.6, metadata={"help": "loss weight decay per predicted position (the paper's 0.6)"})
     anchors_per_sequence: int = field(
         default=32, metadata={"help": "mask blocks per sequence (sampled among response positions)"}
@@ -94,6 +99,11 @@ class DartTrainingArguments:
     def __post_init__(self):
         if self.target_dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"--target_dtype must be float32, bfloat16 or float16, got {self.target_dtype!r}.")
+        if self.widen_mlp and not self.init_draft:
+            raise ValueError("--widen_mlp widens a trained draft: pass it with --init_draft DRAFT.")
+        if self.freeze_lm_head and not self.init_draft:
+            raise ValueError("--freeze_lm_head keeps a trained draft's output layer: pass it with --init_draft DRAFT "
+                             "(a fresh draft's output layer is random).")
 
 
 class DartTrainer(Trainer):
