@@ -16,12 +16,19 @@ SAPPHIRE_RAPIDS = (
 )
 ZEN3 = "processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu sse avx2 fma\n"
 ZEN4 = "processor\t: 0\nmodel name\t: AMD EPYC 9B14\nflags\t\t: fpu sse avx512f avx512_bf16\n"
+# a virtual machine's generic name: AVX-512 without bfloat16 units (Ice Lake), or AVX2 only, under one name
+ICE_LAKE = "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\nflags\t\t: fpu sse avx2 avx512f avx512_vnni\n"
+HASWELL = "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\nflags\t\t: fpu sse avx2 fma\n"
 
 
-def test_cpu_info_reads_the_model_and_the_bfloat16_flags():
-    assert CpuInfo.parse(SAPPHIRE_RAPIDS) == CpuInfo("Intel(R) Xeon(R) Platinum 8480+", ("amx_bf16", "avx512_bf16"))
+def test_cpu_info_reads_the_model_the_bfloat16_flags_and_avx512():
+    assert CpuInfo.parse(SAPPHIRE_RAPIDS) == CpuInfo(
+        "Intel(R) Xeon(R) Platinum 8480+", ("amx_bf16", "avx512_bf16"), avx512f=True
+    )
     assert CpuInfo.parse(ZEN3).describe() == "AMD EPYC 7B13 [no bf16 units]"
     assert CpuInfo.parse(ZEN4).describe() == "AMD EPYC 9B14 [avx512_bf16]"
+    assert CpuInfo.parse(ICE_LAKE).describe() == "Intel(R) Xeon(R) Processor [avx512f, no bf16 units]"
+    assert CpuInfo.parse(HASWELL).describe() == "Intel(R) Xeon(R) Processor [no bf16 units]"
 
 
 def test_default_dtype_on_cpus():
@@ -43,12 +50,12 @@ def test_default_dtype_on_gpus(monkeypatch):
 def test_calibration_key_separates_machines_that_share_a_name(monkeypatch):
     target = tiny_target()
     keys = set()
-    for cpuinfo in (SAPPHIRE_RAPIDS, ZEN3, ZEN4):
+    for cpuinfo in (SAPPHIRE_RAPIDS, ZEN3, ZEN4, ICE_LAKE, HASWELL):
         monkeypatch.setattr(hardware, "cpu_info", lambda text=cpuinfo: CpuInfo.parse(text))
         keys.add(calibration_key(target))
     monkeypatch.setattr(hardware, "cpu_info", lambda: CpuInfo("AMD EPYC 9B14", ()))  # same name, no bf16 units
     keys.add(calibration_key(target))
-    assert len(keys) == 4
+    assert len(keys) == 6
     assert calibration_key(target) != calibration_key(target.to(torch.bfloat16))  # and dtypes
 
 

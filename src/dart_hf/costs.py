@@ -99,7 +99,8 @@ PADDING_GAIN = 0.95
 
 def calibration_key(target: PreTrainedModel) -> str:
     """What the forward cost depends on: the model (name, size, dtype, attention), the device with what it is (the
-    CPU's model and bfloat16 flags, or the GPU's name: `hardware.device_description`), the threads and torch."""
+    CPU's model, bfloat16 and AVX-512 flags, or the GPU's name: `hardware.device_description`), the threads and
+    torch."""
     config = target.config
     size = sum(p.numel() for p in target.parameters())
     return (

@@ -24,10 +24,11 @@ BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
 
 @dataclass(frozen=True)
 class CpuInfo:
-    """A processor's model name and the flags of `BF16_CPU_FLAGS` it has."""
+    """A processor's model name, the flags of `BF16_CPU_FLAGS` it has, and whether it has AVX-512 (`avx512f`)."""
 
     model: str
     bf16_flags: tuple[str, ...]
+    avx512f: bool = False
 
     @classmethod
     def parse(cls, cpuinfo: str) -> CpuInfo:
@@ -40,11 +41,19 @@ class CpuInfo:
                 model = value.strip()
             elif key == "flags" and not flags:
                 flags = set(value.split())
-        return cls(model or platform.processor() or "unknown CPU", tuple(f for f in BF16_CPU_FLAGS if f in flags))
+        return cls(
+            model or platform.processor() or "unknown CPU", tuple(f for f in BF16_CPU_FLAGS if f in flags),
+            avx512f="avx512f" in flags,
+        )
 
     def describe(self) -> str:
-        """`model [flags]`, e.g. `AMD EPYC [avx512_bf16]` or `Intel Xeon [no bf16 units]`."""
-        return f"{self.model} [{' '.join(self.bf16_flags) or 'no bf16 units'}]"
+        """`model [flags]`, e.g. `AMD EPYC [avx512_bf16]`, `Intel Xeon [avx512f, no bf16 units]` or `AMD EPYC [no
+        bf16 units]` (AVX2 at most). bfloat16 units come only with AVX-512, so AVX-512 is named where they are
+        absent: its float32 products are twice AVX2's width, and a model name alone (a virtual machine's `Intel(R)
+        Xeon(R) Processor`) does not tell the two apart."""
+        if self.bf16_flags:
+            return f"{self.model} [{' '.join(self.bf16_flags)}]"
+        return f"{self.model} [{'avx512f, ' if self.avx512f else ''}no bf16 units]"
 
 
 @functools.cache
@@ -56,8 +65,8 @@ def cpu_info() -> CpuInfo:
 
 
 def device_description(device: torch.device | str) -> str:
-    """What a forward's cost on `device` depends on beyond the model: the CPU's model and bfloat16 flags, or the
-    accelerator's name."""
+    """What a forward's cost on `device` depends on beyond the model: the CPU's model, bfloat16 and AVX-512 flags, or
+    the accelerator's name."""
     device = torch.device(device)
     if device.type == "cpu":
         return cpu_info().describe()
