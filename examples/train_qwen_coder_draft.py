@@ -90,7 +90,7 @@ def train(
         config["resume_from_checkpoint"] = resume
     if init_draft:
         config["init_draft"] = init_draft
-        config["freeze_lm_head"] = freeze_lm_head
+    config["freeze_lm_head"] = freeze_lm_head  # without --init-draft `dart-hf train` refuses it, never ignores it
     train_sitting(config, DATA / "train_config.json")
 
 
